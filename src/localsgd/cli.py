@@ -1,0 +1,94 @@
+"""Command line: ``localsgd reproduce | report | bench`` (also ``python -m localsgd``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from localsgd.results import repo_root
+
+# `localsgd bench NAME ...` hands the rest of the command line to NAME's module `main(argv)`.
+BENCHES = {
+    "averaging": "localsgd.bench_averaging",
+    "convex": "localsgd.convex.bench",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from localsgd.reproduce import MODES
+
+    root = repo_root()
+    p = argparse.ArgumentParser(prog="localsgd", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("reproduce", help="execute the notebooks and write figures/ + REPORT.md")
+    r.add_argument("--mode", default="quick", help=f"one of {', '.join(MODES)} (default quick)")
+    r.add_argument("--only", nargs="+", metavar="ID", help="notebook ids to run (default: all)")
+    r.add_argument("--list", action="store_true", help="list notebook ids and exit")
+    r.add_argument("--notebooks", type=Path, default=root / "notebooks", help=argparse.SUPPRESS)
+    r.add_argument("--out-dir", type=Path, default=root / "figures",
+                   help="where figures, CSVs and REPORT.md go (default figures/)")
+    r.add_argument("--build-dir", type=Path, default=root / "build" / "notebooks",
+                   help="where executed notebooks go (default build/notebooks/)")
+    r.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
+    r.add_argument("--no-report", action="store_true", help="do not rewrite REPORT.md")
+
+    rep = sub.add_parser("report", help="write figures/REPORT.md (paper vs reproduced)")
+    rep.add_argument("--papers", type=Path, default=root / "papers")
+    rep.add_argument("--figures", type=Path, default=root / "figures")
+
+    b = sub.add_parser("bench", help="benchmarks; `localsgd bench NAME --help` for options")
+    b.add_argument("name", choices=sorted(BENCHES))
+    b.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    from localsgd import reproduce as h
+    from localsgd.report import write_report
+
+    if args.list:
+        for nb_id, path in h.discover(args.notebooks).items():
+            modes = [m for m in h.MODES if (path.parent / "params" / nb_id / f"{m}.yaml").exists()]
+            print(f"{nb_id:32s} {' '.join(modes)}")
+        return 0
+    specs = h.plan(args.notebooks, args.mode, args.only)
+    out_dir = args.out_dir.resolve()
+    results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
+                    cwd=args.notebooks.resolve().parent, kernel=args.kernel)
+    print(h.summary_table(results))
+    if not args.no_report:
+        papers = args.notebooks.resolve().parent / "papers"
+        print(f"report: {write_report(papers, out_dir)}")
+    failed = [r.id for r in results if r.status != "ok"]
+    if failed:
+        print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from localsgd.reproduce import HarnessError
+
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "reproduce":
+            return _reproduce(args)
+        if args.command == "report":
+            from localsgd.report import write_report
+
+            print(write_report(args.papers, args.figures))
+            return 0
+        if args.command == "bench":
+            module = importlib.import_module(BENCHES[args.name])
+            return int(module.main(args.args) or 0)
+    except HarnessError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

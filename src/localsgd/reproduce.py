@@ -1,0 +1,194 @@
+"""The reproduction harness: run the parameterized notebooks with papermill.
+
+Each notebook ``notebooks/<id>.ipynb`` has exactly one code cell tagged ``parameters``; its mode
+files ``notebooks/params/<id>/<mode>.yaml`` may only set names that cell defines. Everything is
+checked before the first notebook starts, because papermill itself only warns about unknown
+parameters and a typo would silently run the default configuration.
+"""
+
+from __future__ import annotations
+
+import ast
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import yaml
+
+MODES = ("smoke", "quick", "paper")
+# Injected by the harness into every notebook; YAML files must not set them.
+RESERVED = ("mode", "out_dir")
+
+
+class HarnessError(ValueError):
+    """A problem with the notebooks, their parameter files or the command line."""
+
+
+@dataclass
+class NotebookSpec:
+    """A notebook with the names its parameters cell defines."""
+
+    id: str
+    path: Path
+    defined: dict[str, Any]
+
+    def params_file(self, mode: str) -> Path:
+        return self.path.parent / "params" / self.id / f"{mode}.yaml"
+
+
+@dataclass
+class RunResult:
+    id: str
+    mode: str
+    status: str  # "ok" or "failed"
+    seconds: float
+    files: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def parameters_cell_names(nb_path: Path) -> dict[str, Any]:
+    """Names assigned in the notebook's single ``parameters`` cell, with their literal values.
+
+    Raises HarnessError when there is no such cell, more than one, or it is not plain Python.
+    """
+    nb = nbformat.read(nb_path, as_version=4)
+    cells = [c for c in nb.cells
+             if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise HarnessError(f"{nb_path}: no code cell tagged 'parameters'; tag the cell that "
+                           "defines the notebook's parameters (papermill needs it)")
+    if len(cells) > 1:
+        raise HarnessError(f"{nb_path}: {len(cells)} cells tagged 'parameters'; keep exactly one")
+    try:
+        tree = ast.parse(cells[0].source)
+    except SyntaxError as exc:
+        raise HarnessError(f"{nb_path}: the parameters cell is not valid Python: {exc}") from exc
+    names: dict[str, Any] = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        for target in targets:
+            if isinstance(target, ast.Name):
+                try:
+                    names[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    names[target.id] = None  # not a flat literal; still a defined name
+    return names
+
+
+def discover(notebooks_dir: Path) -> dict[str, Path]:
+    """All notebook ids in ``notebooks_dir`` (sorted), mapped to their paths."""
+    if not notebooks_dir.is_dir():
+        raise HarnessError(f"notebook folder {notebooks_dir} does not exist")
+    return {p.stem: p for p in sorted(notebooks_dir.glob("*.ipynb"))}
+
+
+def plan(notebooks_dir: Path, mode: str, only: list[str] | None = None) -> list[NotebookSpec]:
+    """Validate the selection and every parameter file it uses; return what would run."""
+    if mode not in MODES:
+        raise HarnessError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    available = discover(notebooks_dir)
+    ids = list(only) if only else list(available)
+    unknown = [i for i in ids if i not in available]
+    if unknown:
+        raise HarnessError(f"unknown notebook id(s) {', '.join(map(repr, unknown))}; "
+                           f"known: {', '.join(available) or '(none)'}")
+    specs, problems = [], []
+    for nb_id in ids:
+        try:
+            spec = NotebookSpec(nb_id, available[nb_id], parameters_cell_names(available[nb_id]))
+            for name in RESERVED:
+                if name not in spec.defined:
+                    problems.append(f"{spec.path}: the parameters cell must define {name!r}")
+            load_params(spec, mode)
+            specs.append(spec)
+        except HarnessError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise HarnessError("\n".join(problems))
+    return specs
+
+
+def load_params(spec: NotebookSpec, mode: str) -> dict[str, Any]:
+    """The mode's YAML parameters, checked against the notebook's parameters cell."""
+    path = spec.params_file(mode)
+    if not path.exists():
+        raise HarnessError(f"{spec.id}: missing parameter file {path} for mode {mode!r}")
+    try:
+        params = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise HarnessError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(params, dict):
+        raise HarnessError(f"{path}: expected a mapping of parameter names to values")
+    reserved = [k for k in params if k in RESERVED]
+    if reserved:
+        raise HarnessError(f"{path}: sets {reserved}, which the harness injects itself; remove")
+    unknown = sorted(k for k in params if k not in spec.defined)
+    if unknown:
+        raise HarnessError(f"{path}: unknown parameter(s) {', '.join(unknown)} — the parameters "
+                           f"cell of {spec.path.name} defines only: {', '.join(spec.defined)}")
+    return params
+
+
+def _snapshot(folder: Path) -> dict[Path, float]:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} \
+        if folder.exists() else {}
+
+
+def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Path,
+                 cwd: Path, kernel: str = "python3") -> RunResult:
+    """Execute one notebook with papermill; a failure is recorded, never raised."""
+    import papermill as pm
+
+    params = {**load_params(spec, mode), "mode": mode, "out_dir": str(out_dir)}
+    executed = build_dir / f"{spec.id}.{mode}.ipynb"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    before = _snapshot(out_dir)
+    t0 = time.perf_counter()
+    status, error = "ok", ""
+    try:
+        pm.execute_notebook(str(spec.path), str(executed), parameters=params, kernel_name=kernel,
+                            cwd=str(cwd), progress_bar=False, log_output=False)
+    except pm.PapermillExecutionError as exc:
+        status = "failed"
+        # papermill's cell_index counts the injected-parameters cell; report the executed copy's
+        first = (exc.source or "").strip().splitlines()[:1]
+        error = (f"cell In [{exc.exec_count}] (index {exc.cell_index} of {executed}, "
+                 f"starting {first[0][:60]!r}) raised {exc.ename}: {exc.evalue}" if first else
+                 f"cell index {exc.cell_index} of {executed} raised {exc.ename}: {exc.evalue}")
+    except Exception as exc:  # kernel died, bad notebook JSON, …: keep going with the others
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+    seconds = time.perf_counter() - t0
+    after = _snapshot(out_dir)
+    files = sorted(str(p.relative_to(out_dir)) for p, m in after.items() if before.get(p) != m)
+    return RunResult(spec.id, mode, status, seconds, files, error)
+
+
+def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path, cwd: Path,
+        kernel: str = "python3", progress: bool = True) -> list[RunResult]:
+    """Run every planned notebook in order, with a progress bar; failures do not stop the rest."""
+    from tqdm.auto import tqdm
+
+    results = []
+    bar = tqdm(specs, desc=f"notebooks ({mode})", unit="nb", disable=not progress)
+    for spec in bar:
+        bar.set_postfix_str(spec.id)
+        results.append(run_notebook(spec, mode, out_dir=out_dir, build_dir=build_dir, cwd=cwd,
+                                    kernel=kernel))
+    return results
+
+
+def summary_table(results: list[RunResult]) -> str:
+    """The final table: id, mode, status, seconds, files written."""
+    import pandas as pd
+
+    rows = [{"id": r.id, "mode": r.mode, "status": r.status, "seconds": round(r.seconds, 1),
+             "files written": len(r.files)} for r in results]
+    table = pd.DataFrame(rows, columns=["id", "mode", "status", "seconds", "files written"])
+    text = table.to_string(index=False)
+    for r in results:
+        if r.status != "ok":
+            text += f"\nFAILED {r.id}: {r.error}"
+    return text

@@ -1,0 +1,221 @@
+"""Tidy result records, provenance sidecars, atomic writes and a parameter-keyed cache.
+
+Every figure a notebook draws is saved as ``<id>.png``/``.pdf``, the exact data plotted as
+``<id>.csv``, and a JSON sidecar ``<id>.json`` saying how it was made (git commit, package
+versions, device, parameters, seed, mode, scale, UTC time, wall seconds). When a notebook also
+has numbers to put beside a source's own, it writes ``<id>.compare.csv`` keyed like
+``papers/*/reported.csv`` (artifact, setting, metric); ``localsgd report`` joins the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
+SCALES = ("full", "reduced")
+_VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "matplotlib",
+              "seaborn", "papermill")
+
+
+# --------------------------------------------------------------------------- atomic writes
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.
+
+    A reader never sees a half-written file, and an interrupted run leaves the old file intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    with atomic_path(path) as tmp:
+        df.to_csv(tmp, index=False)
+    return Path(path)
+
+
+def write_json(obj: Any, path: str | os.PathLike) -> Path:
+    return write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n")
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "tolist"):  # numpy / torch scalars and arrays
+        return x.tolist()
+    if isinstance(x, (set, tuple)):
+        return list(x)
+    if isinstance(x, Path):
+        return str(x)
+    return repr(x)
+
+
+# --------------------------------------------------------------------------- provenance
+def repo_root() -> Path:
+    """The checkout this package runs from (src layout: two levels above this file)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def git_state(root: Path | None = None) -> dict[str, Any]:
+    """Commit hash and dirty flag of the checkout; ``None`` values outside a git checkout."""
+    root = root or repo_root()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True, timeout=10).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=root, capture_output=True, text=True, check=True,
+                                timeout=10).stdout
+        return {"commit": commit, "dirty": bool(status.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def device_info() -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
+                            "cpu_count": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch_threads"] = torch.get_num_threads()
+        info["cuda"] = torch.cuda.is_available()
+        if info["cuda"]:
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        info["cuda"] = None
+    return info
+
+
+def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | None = None,
+               wall_seconds: float | None = None, **extra: Any) -> dict[str, Any]:
+    """The sidecar record: everything needed to say how a result was made."""
+    if scale not in SCALES:
+        raise ValueError(f"scale={scale!r} is not one of {SCALES}")
+    return {
+        "git": git_state(),
+        "versions": package_versions(),
+        "device": device_info(),
+        "params": params,
+        "seed": seed,
+        "mode": mode,
+        "scale": scale,
+        "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_seconds": wall_seconds,
+        **extra,
+    }
+
+
+# --------------------------------------------------------------------------- records
+def write_records(df: pd.DataFrame, path: str | os.PathLike, **prov: Any) -> list[Path]:
+    """Write tidy records as CSV plus a JSON provenance sidecar (``path`` with ``.json``)."""
+    path = Path(path)
+    return [write_csv(df, path), write_json(provenance(**prov), path.with_suffix(".json"))]
+
+
+def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.PathLike,
+                params: dict[str, Any], mode: str, scale: str, seed: int | None = None,
+                wall_seconds: float | None = None,
+                compare: pd.DataFrame | None = None) -> list[Path]:
+    """Save a notebook's figure with the data it plots, its provenance and its comparison rows.
+
+    Writes ``<out_dir>/<fig_id>.{png,pdf,csv,json}`` and, when ``compare`` is given,
+    ``<fig_id>.compare.csv`` with columns ``artifact, setting, metric, value`` (+ ``unit``,
+    ``note``) keyed exactly like ``papers/*/reported.csv``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    if fig is not None:
+        for ext in ("png", "pdf"):
+            target = out / f"{fig_id}.{ext}"
+            with atomic_path(target) as tmp:
+                # metadata without dates keeps committed PDFs/PNGs stable between identical runs
+                meta = {"CreationDate": None} if ext == "pdf" else {"Software": None}
+                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight", metadata=meta)
+            written.append(target)
+    written += write_records(data, out / f"{fig_id}.csv", params=params, mode=mode, scale=scale,
+                             seed=seed, wall_seconds=wall_seconds, figure=fig_id)
+    if compare is not None:
+        missing = [c for c in COMPARE_COLUMNS if c not in compare.columns]
+        if missing:
+            raise ValueError(f"compare rows for {fig_id} lack columns {missing}; "
+                             f"need {list(COMPARE_COLUMNS)} (+ optional unit, note)")
+        cmp = compare.copy()
+        for col in ("unit", "note"):
+            if col not in cmp.columns:
+                cmp[col] = ""
+        cmp["mode"], cmp["scale"], cmp["figure"] = mode, scale, fig_id
+        written.append(write_csv(cmp, out / f"{fig_id}.compare.csv"))
+    return written
+
+
+# --------------------------------------------------------------------------- cache
+def cache_root() -> Path:
+    """``$LOCALSGD_CACHE`` or ``~/.cache/localsgd`` (created on first use)."""
+    root = Path(os.environ.get("LOCALSGD_CACHE") or Path.home() / ".cache" / "localsgd")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    """A stable short hash of an experiment's parameters (key order does not matter)."""
+    blob = json.dumps(params, sort_keys=True, default=_jsonable).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame], *,
+           refresh: bool = False, cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
+    """Return ``compute()``'s DataFrame, reusing a stored copy for identical ``params``.
+
+    The entry is ``<cache_dir>/<name>-<hash>.csv`` with a ``.json`` of the parameters beside it;
+    both are written atomically, so an interrupted run never leaves a corrupt entry. A corrupt
+    entry found anyway (e.g. edited by hand) is recomputed, not trusted.
+    """
+    folder = Path(cache_dir) if cache_dir is not None else cache_root() / "results"
+    entry = folder / f"{name}-{params_hash(params)}.csv"
+    if entry.exists() and not refresh:
+        try:
+            return pd.read_csv(entry)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            pass  # fall through and recompute
+    df = compute()
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"cached({name!r}): compute() returned {type(df).__name__}, "
+                        "expected a pandas DataFrame")
+    write_json({"name": name, "params": params}, entry.with_suffix(".json"))
+    write_csv(df, entry)
+    return df
