@@ -1,0 +1,570 @@
+"""Who averages with whom, and when: `Topology`, `SyncSchedule` and the plan executor.
+
+This module is pure Python (no torch, no torch.distributed) so the convex simulator, the
+in-process replica engine and the distributed engine share one answer to *what happens at
+step t*.
+
+Step convention: ``t = 1, 2, ...`` is the number of completed local (inner optimizer) updates.
+``SyncSchedule.action(t)`` describes what happens around update ``t``:
+
+* ``allreduce_grads_level`` -- groups of this level all-reduce (average) gradients *before*
+  update ``t`` (post-local SGD warm-up in "gradients" mode, or the blog's intra-host gradient
+  all-reduce after warm-up);
+* then, *after* update ``t``: ``gossip`` (one SGP round), ``level`` (model averaging inside the
+  groups of that level; only the highest due level runs), ``outer`` (outer / slow-momentum step on
+  the globally averaged model).
+
+Paper: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD" (ICLR 2020),
+Sec. 3.1-3.2, Eq. (3)-(5), Algorithms 1-2. Hierarchy rules: PyTorch hierarchical SGD blog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+__all__ = [
+    "Action",
+    "Communicator",
+    "Level",
+    "OuterStep",
+    "SyncDriver",
+    "SyncSchedule",
+    "Topology",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Topology
+# --------------------------------------------------------------------------------------------
+
+
+class Level(NamedTuple):
+    """One level of the hierarchy: groups of `group_size` contiguous ranks average every
+    `period` local steps. `name` maps the level to hardware ("node", "rack", "world")."""
+
+    period: int
+    group_size: int
+    name: str | None = None
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")  # noqa: TRY004
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+class Topology:
+    """Nested groups of contiguous ranks with their averaging periods.
+
+    Levels are ordered from the smallest (most frequent) group to the whole world. Rules
+    (validated, each violation is a ValueError naming the value and what would be valid):
+
+    * periods are >= 1, strictly ascending, and each is a multiple of the previous one;
+    * group sizes are >= 1, each divides the next one, and the last equals `world_size`.
+
+    Two constructors match the two ways users describe hierarchies:
+    `from_paper` (K, K', H, H^b of Algorithm 2) and `from_periods` (PyTorch's
+    ``period_group_size_dict`` of ``HierarchicalModelAverager``).
+    """
+
+    def __init__(self, levels: Iterable[Level | tuple], world_size: int):
+        self.world_size = _check_int("world_size", world_size, 1)
+        lv = [Level(*level) for level in levels]
+        if not lv:
+            raise ValueError("a topology needs at least one level; got an empty list of levels")
+        for i, level in enumerate(lv):
+            _check_int(f"period of level {i}", level.period, 1)
+            _check_int(f"group size of level {i}", level.group_size, 1)
+        for i in range(1, len(lv)):
+            prev, cur = lv[i - 1], lv[i]
+            if cur.period <= prev.period:
+                raise ValueError(
+                    f"periods must be strictly ascending: level {i} has period {cur.period} "
+                    f"after period {prev.period}; use a multiple of {prev.period} greater than it "
+                    f"(e.g. {2 * prev.period})"
+                )
+            if cur.period % prev.period:
+                raise ValueError(
+                    f"period {cur.period} of level {i} is not a multiple of the previous period "
+                    f"{prev.period}; valid periods are {prev.period}*k for k >= 2"
+                )
+            if cur.group_size % prev.group_size:
+                raise ValueError(
+                    f"group size {cur.group_size} of level {i} is not a multiple of the previous "
+                    f"group size {prev.group_size}; groups must nest"
+                )
+        for i, level in enumerate(lv):
+            if self.world_size % level.group_size:
+                divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+                raise ValueError(
+                    f"group size {level.group_size} of level {i} does not divide world_size "
+                    f"{self.world_size}; valid group sizes are {divisors}"
+                )
+        if lv[-1].group_size != self.world_size:
+            raise ValueError(
+                f"the last level must be the whole world: its group size is {lv[-1].group_size} "
+                f"but world_size is {self.world_size}; add a level ({2 * lv[-1].period}, "
+                f"{self.world_size}) or change the last group size to {self.world_size}"
+            )
+        names = [level.name for level in lv if level.name is not None]
+        if len(set(names)) != len(names):
+            raise ValueError(f"level names must be unique, got {names}")
+        self.levels: tuple[Level, ...] = tuple(lv)
+
+    # -- constructors ------------------------------------------------------------------------
+
+    @classmethod
+    def from_paper(
+        cls,
+        world_size: int,
+        local_steps: int,
+        block_size: int | None = None,
+        block_steps: int = 1,
+    ) -> Topology:
+        """Algorithm 1/2 of the paper: K = `world_size` workers, blocks of K' = `block_size`
+        workers average every H = `local_steps` steps and the world every H * H^b steps
+        (H^b = `block_steps`). `block_size` None or == K gives flat local SGD (Algorithm 1) with
+        period H * H^b."""
+        _check_int("world_size (K)", world_size, 1)
+        _check_int("local_steps (H)", local_steps, 1)
+        _check_int("block_steps (H^b)", block_steps, 1)
+        if block_size is None or block_size == world_size:
+            return cls([Level(local_steps * block_steps, world_size, "world")], world_size)
+        _check_int("block_size (K')", block_size, 1)
+        if block_size > world_size:
+            raise ValueError(
+                f"block_size (K') {block_size} exceeds world_size (K) {world_size}; "
+                f"use a divisor of {world_size}"
+            )
+        if block_steps == 1:
+            raise ValueError(
+                "block_steps (H^b) = 1 makes the block level redundant (the world averages every "
+                f"H = {local_steps} steps too); use block_steps >= 2 or block_size=None"
+            )
+        return cls(
+            [
+                Level(local_steps, block_size, "block"),
+                Level(local_steps * block_steps, world_size, "world"),
+            ],
+            world_size,
+        )
+
+    @classmethod
+    def from_periods(
+        cls,
+        period_group_sizes: Mapping[int, int] | Iterable[tuple[int, int]],
+        world_size: int | None = None,
+        names: Iterable[str] | None = None,
+    ) -> Topology:
+        """PyTorch's ordered ``period -> group size`` map, e.g. ``{2: 8, 4: 32, 8: 128}``
+        (any number of levels). `world_size` defaults to the last group size."""
+        items = list(
+            period_group_sizes.items() if isinstance(period_group_sizes, Mapping)
+            else period_group_sizes
+        )
+        if not items:
+            raise ValueError("period_group_sizes must not be empty; e.g. {2: 4, 8: 16}")
+        if world_size is None:
+            world_size = items[-1][1]
+        name_list = list(names) if names is not None else [None] * len(items)
+        if len(name_list) != len(items):
+            raise ValueError(f"got {len(name_list)} names for {len(items)} levels")
+        return cls(
+            [Level(p, g, n) for (p, g), n in zip(items, name_list, strict=True)], world_size
+        )
+
+    # -- queries -----------------------------------------------------------------------------
+
+    @property
+    def num_levels(self) -> int:
+        return len(self.levels)
+
+    @property
+    def top(self) -> int:
+        """Index of the global (whole-world) level."""
+        return len(self.levels) - 1
+
+    def level_index(self, level: int | str) -> int:
+        """Level index from an index (negative allowed) or a level name."""
+        if isinstance(level, str):
+            for i, lv in enumerate(self.levels):
+                if lv.name == level:
+                    return i
+            raise ValueError(
+                f"unknown level name {level!r}; valid names are "
+                f"{[lv.name for lv in self.levels if lv.name is not None]}"
+            )
+        n = len(self.levels)
+        if isinstance(level, bool) or not isinstance(level, int) or not -n <= level < n:
+            raise ValueError(f"level must be an index in [{-n}, {n - 1}] or a name, got {level!r}")
+        return level % n
+
+    def groups(self, level: int | str) -> list[list[int]]:
+        """Contiguous rank groups of a level, e.g. [[0, 1, 2, 3], [4, 5, 6, 7]]."""
+        size = self.levels[self.level_index(level)].group_size
+        return [list(range(s, s + size)) for s in range(0, self.world_size, size)]
+
+    def group_of(self, rank: int, level: int | str) -> list[int]:
+        """The ranks in `rank`'s group at `level`."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size - 1}], got {rank!r}")
+        size = self.levels[self.level_index(level)].group_size
+        start = rank - rank % size
+        return list(range(start, start + size))
+
+    @property
+    def period_group_sizes(self) -> dict[int, int]:
+        """PyTorch form ``{period: group_size}``."""
+        return {lv.period: lv.group_size for lv in self.levels}
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Topology)
+            and self.levels == other.levels
+            and self.world_size == other.world_size
+        )
+
+    def __repr__(self) -> str:
+        body = ", ".join(
+            f"{lv.name + ': ' if lv.name else ''}every {lv.period} in groups of {lv.group_size}"
+            for lv in self.levels
+        )
+        return f"Topology(world_size={self.world_size}; {body})"
+
+
+# --------------------------------------------------------------------------------------------
+# Schedule
+# --------------------------------------------------------------------------------------------
+
+
+class Action(NamedTuple):
+    """What happens around local update `t` (see module docstring for the order)."""
+
+    t: int
+    level: int | None = None  # level whose groups average models after update t
+    allreduce_grads_level: int | None = None  # level whose groups average grads before update t
+    outer: bool = False  # outer / slow-momentum step after the (global) average
+    gossip: bool = False  # one SGP push-sum round after update t
+    warmup: bool = False  # t is inside the post-local SGD warm-up (t <= warmup_steps)
+
+
+@dataclass(frozen=True)
+class SyncSchedule:
+    """At step t, what happens? A pure function of t.
+
+    Default semantics (the paper's Eq. (3)-(5), the blog's hierarchy rules):
+
+    * **Post-local SGD warm-up** (``warmup_steps`` = W): for t <= W the world behaves like
+      mini-batch SGD. ``warmup_mode="gradients"`` (default) all-reduces gradients globally before
+      each update (``allreduce_grads_level = top``), like torch's ``post_localSGD_hook``;
+      ``warmup_mode="models"`` averages models globally after each update (``level = top``).
+      They are identical for plain SGD from equal models, and for SGD with momentum/weight decay
+      when momentum buffers are averaged as well (the update is linear in (w, u, g)); they differ
+      for non-linear optimizers (Adam) or when local momentum buffers are left alone.
+      No outer step during warm-up; the outer anchor is reset when warm-up ends.
+    * **Local phase**: level l is due at t when ``(t - t0) % period_l == 0`` with t0 the start of
+      the current regime (W, or the end of the local-step warm-up). Only the highest due level
+      runs (the blog's rule). Fig. 3 of the paper (H=3, H^b=2): block averages at t=3, 9, 15 ...,
+      the world at t=6, 12 ...
+    * **Exponential local-step warm-up** (ImageNet footnote 4): during epoch e <
+      ``local_step_warmup_epochs`` every period is capped at 2^e (H = 1, 2, 4, ... for flat local
+      SGD) and phases count from the start of that epoch. Needs ``steps_per_epoch``.
+    * **Intra-host gradient all-reduce** (blog; ``post_local_gradient_allreduce``): after warm-up,
+      groups of level g (True means level 0) all-reduce gradients before every update. Their
+      models stay identical, so levels <= g never model-average (it would be a no-op).
+    * **Outer step** (``outer_period``): an int p gives an outer step when ``(t - W) % p == 0``;
+      such a step forces a global average first. ``"global"`` gives an outer step at every global
+      average of the local phase. None: no outer steps.
+    * **Gossip** (``gossip=True``, SGP base of SlowMo): one push-sum round after every local-phase
+      update that does not average.
+
+    ``torch_compat`` reproduces torch.distributed's model averagers exactly (they count
+    ``s = t - 1`` from 0, incremented after each ``average_parameters`` call):
+
+    * ``"hierarchical"`` (``HierarchicalModelAverager``): average at the largest period p with
+      ``s % p == 0`` if ``s >= W``; phases are absolute, not relative to W, so with W = 0 the
+      world averages right after the first update (t = 1), then e.g. period 2 at t = 3, 5, ...
+    * ``"periodic"`` (``PeriodicModelAverager``, one level): average when ``s >= W`` and
+      ``(s - W) % period == 0``: t = W+1, W+1+p, ...
+    * True picks "periodic" for one level, "hierarchical" otherwise.
+    * gradients: global all-reduce for t <= W (``post_localSGD_hook`` with
+      ``start_localSGD_iter = W``), then level g if ``post_local_gradient_allreduce`` (torch's
+      ``PostLocalSGDState`` defaults it to True; here the default is False). The averager's
+      ``period_group_size_dict`` is the levels above g (all levels if no gradient level), so
+      torch's hook subgroup is modelled as level g.
+
+    Default vs torch_compat: the default averages at the *end* of each period counted from the
+    end of warm-up (t = W + p, W + 2p, ...), exactly Algorithm 1/2; torch averages at the
+    *start* (t = W + 1 + kp for periodic, t - 1 divisible by p for hierarchical).
+    torch_compat supports no gossip, no outer step and no local-step warm-up.
+    """
+
+    topology: Topology
+    warmup_steps: int = 0
+    local_step_warmup_epochs: int = 0
+    steps_per_epoch: int | None = None
+    post_local_gradient_allreduce: bool | int = False
+    torch_compat: bool | Literal["periodic", "hierarchical"] = False
+    gossip: bool = False
+    outer_period: int | Literal["global"] | None = None
+    warmup_mode: Literal["gradients", "models"] = "gradients"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topology, Topology):
+            raise ValueError(  # noqa: TRY004 - the project reports bad arguments as ValueError
+                f"topology must be a Topology, got {type(self.topology).__name__}"
+            )
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        _check_int("local_step_warmup_epochs", self.local_step_warmup_epochs, 0)
+        if self.local_step_warmup_epochs and self.steps_per_epoch is None:
+            raise ValueError(
+                f"local_step_warmup_epochs={self.local_step_warmup_epochs} needs steps_per_epoch "
+                "(an integer >= 1): the local-step warm-up doubles H once per epoch"
+            )
+        if self.steps_per_epoch is not None:
+            _check_int("steps_per_epoch", self.steps_per_epoch, 1)
+        if self.warmup_mode not in ("gradients", "models"):
+            raise ValueError(
+                f"warmup_mode must be 'gradients' or 'models', got {self.warmup_mode!r}"
+            )
+        g = self.post_local_gradient_allreduce
+        if not isinstance(g, bool):
+            _check_int("post_local_gradient_allreduce (a level index or bool)", g, 0)
+            if g >= self.topology.num_levels:
+                raise ValueError(
+                    f"post_local_gradient_allreduce level {g} does not exist; valid levels are "
+                    f"0..{self.topology.num_levels - 1}"
+                )
+        if self.outer_period is not None and self.outer_period != "global":
+            _check_int("outer_period (an int >= 1, 'global' or None)", self.outer_period, 1)
+        if self.torch_compat not in (False, True, "periodic", "hierarchical"):
+            raise ValueError(
+                f"torch_compat must be False, True, 'periodic' or 'hierarchical', "
+                f"got {self.torch_compat!r}"
+            )
+        if self.torch_compat:
+            unsupported = {
+                "gossip": self.gossip,
+                "outer_period": self.outer_period,
+                "local_step_warmup_epochs": self.local_step_warmup_epochs,
+            }
+            bad = {k: v for k, v in unsupported.items() if v}
+            if bad:
+                raise ValueError(
+                    f"torch_compat reproduces torch's model averagers, which have no {bad}; "
+                    "set them to their defaults (False / None / 0) or use torch_compat=False"
+                )
+            if self.warmup_mode != "gradients":
+                raise ValueError("torch_compat warms up with gradient all-reduce (post_localSGD_"
+                                 "hook); warmup_mode must be 'gradients'")
+            if self._torch_kind() == "periodic" and len(self._averaged_levels()) != 1:
+                raise ValueError(
+                    "torch_compat='periodic' (PeriodicModelAverager) needs exactly one averaging "
+                    f"level, got {len(self._averaged_levels())}; use 'hierarchical'"
+                )
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    @property
+    def grad_level(self) -> int | None:
+        """Level whose groups all-reduce gradients after warm-up (None: no such level)."""
+        g = self.post_local_gradient_allreduce
+        if g is False:
+            return None
+        return 0 if g is True else int(g)
+
+    def _averaged_levels(self) -> list[int]:
+        g = self.grad_level
+        return list(range(0 if g is None else g + 1, self.topology.num_levels))
+
+    def _torch_kind(self) -> str:
+        if self.torch_compat in ("periodic", "hierarchical"):
+            return str(self.torch_compat)
+        return "periodic" if len(self._averaged_levels()) == 1 else "hierarchical"
+
+    def _due_level(self, t: int, origin: int, cap: int | None) -> int | None:
+        """Highest averaged level whose (possibly capped) period divides t - origin."""
+        for i in reversed(self._averaged_levels()):
+            period = self.topology.levels[i].period
+            if cap is not None:
+                period = min(period, cap)
+            if (t - origin) % period == 0:
+                return i
+        return None
+
+    # -- the question ------------------------------------------------------------------------
+
+    def action(self, t: int) -> Action:
+        """What happens around local update t (t = 1, 2, ...)."""
+        _check_int("step t", t, 1)
+        top = self.topology.top
+        w = self.warmup_steps
+        if self.torch_compat:
+            return self._torch_action(t)
+        if t <= w:
+            if self.warmup_mode == "gradients":
+                return Action(t, allreduce_grads_level=top, warmup=True)
+            return Action(t, level=top, warmup=True)
+        origin, cap = w, None
+        if self.local_step_warmup_epochs:
+            epoch = (t - 1) // self.steps_per_epoch  # update t belongs to epoch (t-1)//S
+            if epoch < self.local_step_warmup_epochs:
+                origin, cap = max(w, epoch * self.steps_per_epoch), 2**epoch
+            else:
+                origin = max(w, self.local_step_warmup_epochs * self.steps_per_epoch)
+        level = self._due_level(t, origin, cap)
+        outer = False
+        if self.outer_period == "global":
+            outer = level == top
+        elif self.outer_period is not None and (t - w) % self.outer_period == 0:
+            outer, level = True, top
+        gossip = self.gossip and level is None
+        return Action(t, level=level, allreduce_grads_level=self.grad_level, outer=outer,
+                      gossip=gossip)
+
+    def _torch_action(self, t: int) -> Action:
+        s, w = t - 1, self.warmup_steps
+        if s < w:  # post_localSGD_hook: global gradient all-reduce while iter < start iter
+            return Action(t, allreduce_grads_level=self.topology.top, warmup=True)
+        level = None
+        if self._torch_kind() == "periodic":
+            (i,) = self._averaged_levels()
+            if (s - w) % self.topology.levels[i].period == 0:
+                level = i
+        else:
+            level = self._due_level(s, 0, None)
+        return Action(t, level=level, allreduce_grads_level=self.grad_level)
+
+    def table(self, steps: int | Iterable[int]) -> Any:
+        """Actions for steps 1..steps (or the given steps) as a pandas DataFrame (a list of
+        dicts if pandas is missing), with the level's name and group size for display."""
+        ts = range(1, steps + 1) if isinstance(steps, int) else steps
+        rows = []
+        for t in ts:
+            a = self.action(t)
+            lv = self.topology.levels[a.level] if a.level is not None else None
+            rows.append({
+                **a._asdict(),
+                "level_name": None if lv is None else lv.name,
+                "group_size": None if lv is None else lv.group_size,
+            })
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover - pandas is a dependency
+            return rows
+        df = pd.DataFrame(rows, columns=[*Action._fields, "level_name", "group_size"])
+        # nullable ints so "no level" shows as <NA> instead of turning levels into floats
+        for col in ("level", "allreduce_grads_level", "group_size"):
+            df[col] = df[col].astype("Int64")
+        return df
+
+
+# --------------------------------------------------------------------------------------------
+# Executing the plan: the communicator protocol and the driver shared by both torch engines
+# --------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """What an engine must provide to execute a schedule.
+
+    The replica engine (``localsgd.replicas.ReplicaCommunicator``) implements it with tensor ops
+    on a ``[K, n]`` stack; the distributed engine with torch.distributed on a persistent flat
+    buffer. All operations are in place on the tensors the model's parameters alias.
+    """
+
+    world_size: int
+
+    def average(self, level: int) -> None:
+        """Average parameters (and configured buffers) inside each group of `level`."""
+
+    def allreduce_grads(self, level: int) -> None:
+        """Average gradients inside each group of `level` (before the optimizer step)."""
+
+    def gossip(self, step: int) -> None:
+        """One SGP push-sum round using the peer plan of `step` (``gossip.GossipPlan``)."""
+
+    def flat_params(self) -> Any:
+        """The flat parameter tensor the model aliases: ``[n]`` (distributed, this worker) or
+        ``[K, n]`` (replicas). Writes into it update the model(s). Used by the outer step right
+        after a global average, when all workers hold the same values."""
+
+
+class OuterStep(Protocol):
+    """Outer update (``localsgd.outer.OuterUpdate``) as seen by the driver."""
+
+    def reset(self, params: Any) -> None: ...
+
+    def step(self, params: Any, lr: float) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class SyncDriver:
+    """Runs a `SyncSchedule` through a `Communicator` (+ optional outer update).
+
+    Use it around the inner optimizer step of every worker::
+
+        driver.before_step()      # gradient all-reduce if the schedule asks for it
+        optimizer.step()
+        driver.after_step(lr)     # gossip / average / outer step; lr = inner lr of this step
+
+    `t` counts completed local updates; `state_dict()` saves it (and the outer state) so a
+    resumed run continues the same schedule.
+    """
+
+    def __init__(self, schedule: SyncSchedule, comm: Communicator, outer: OuterStep | None = None):
+        if schedule.topology.world_size != comm.world_size:
+            raise ValueError(
+                f"schedule is for world_size {schedule.topology.world_size} but the communicator "
+                f"has {comm.world_size} workers"
+            )
+        needs_outer = schedule.outer_period is not None
+        if needs_outer and outer is None:
+            raise ValueError(
+                f"schedule has outer_period={schedule.outer_period!r} but no outer update was "
+                "given; pass outer=OuterUpdate(...) or set outer_period=None"
+            )
+        self.schedule, self.comm, self.outer = schedule, comm, outer
+        self.t = 0
+        if outer is not None:
+            outer.reset(comm.flat_params())
+
+    def before_step(self) -> Action:
+        """Call after backward, before ``optimizer.step()``."""
+        a = self.schedule.action(self.t + 1)
+        if a.allreduce_grads_level is not None:
+            self.comm.allreduce_grads(a.allreduce_grads_level)
+        return a
+
+    def after_step(self, lr: float | None = None) -> Action:
+        """Call after ``optimizer.step()``; `lr` is the inner learning rate (outer step scale)."""
+        self.t += 1
+        a = self.schedule.action(self.t)
+        if a.gossip:
+            self.comm.gossip(self.t)
+        if a.level is not None:
+            self.comm.average(a.level)
+        if self.outer is not None:
+            if a.outer:
+                if lr is None:
+                    raise ValueError("an outer step needs the inner lr: call after_step(lr)")
+                self.outer.step(self.comm.flat_params(), lr)
+            elif a.warmup and not self.schedule.action(self.t + 1).warmup:
+                # warm-up progress is not a pseudo-gradient: start the outer anchor here
+                self.outer.reset(self.comm.flat_params())
+        return a
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "outer": None if self.outer is None else self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = int(state["t"])
+        if self.outer is not None and state.get("outer") is not None:
+            self.outer.load_state_dict(state["outer"])
