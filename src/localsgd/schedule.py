@@ -79,6 +79,13 @@ class Topology:
         for i, level in enumerate(lv):
             _check_int(f"period of level {i}", level.period, 1)
             _check_int(f"group size of level {i}", level.group_size, 1)
+        for i, level in enumerate(lv):
+            if self.world_size % level.group_size:
+                divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+                raise ValueError(
+                    f"group size {level.group_size} of level {i} does not divide world_size "
+                    f"{self.world_size}; valid group sizes are {divisors}"
+                )
         for i in range(1, len(lv)):
             prev, cur = lv[i - 1], lv[i]
             if cur.period <= prev.period:
@@ -96,13 +103,6 @@ class Topology:
                 raise ValueError(
                     f"group size {cur.group_size} of level {i} is not a multiple of the previous "
                     f"group size {prev.group_size}; groups must nest"
-                )
-        for i, level in enumerate(lv):
-            if self.world_size % level.group_size:
-                divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
-                raise ValueError(
-                    f"group size {level.group_size} of level {i} does not divide world_size "
-                    f"{self.world_size}; valid group sizes are {divisors}"
                 )
         if lv[-1].group_size != self.world_size:
             raise ValueError(
