@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import pandas as pd
+
 
 @dataclass(frozen=True)
 class ClusterShape:
@@ -71,3 +73,54 @@ def comm_cost_eq6(n_samples: int, shape: ClusterShape, batch: int, local_steps: 
     intra = block_rounds * c_intra * servers * math.log2(k / servers)
     inter = global_rounds * c_inter * math.log2(k)
     return intra + inter
+
+
+def schedule_sync_counts(shape: ClusterShape, local_steps: int, block_steps: int,
+                         steps: int) -> dict[str, int]:
+    """Count intra-server and global averaging rounds of the first ``steps`` local updates.
+
+    Runs the real :class:`~localsgd.schedule.SyncSchedule` of hierarchical local SGD (blocks are
+    the servers), so it checks the schedule against Table 3's "# of sync." rows and eq. (6).
+    """
+    from localsgd.schedule import SyncSchedule, Topology
+
+    hierarchical = block_steps > 1 and 1 < shape.gpus_per_server < shape.world_size
+    topo = Topology.from_paper(shape.world_size, local_steps,
+                               block_size=shape.gpus_per_server if hierarchical else None,
+                               block_steps=block_steps)
+    schedule = SyncSchedule(topo)
+    counts = {"within_server": 0, "global": 0}
+    for t in range(1, steps + 1):
+        level = schedule.action(t).level
+        if level is None:
+            continue
+        counts["global" if level == topo.top else "within_server"] += 1
+    return counts
+
+
+def comm_cost_table(topologies: list[str], n_samples: int, batch: int, local_steps: list[int],
+                    block_steps: list[int], c_intra: float, c_inter: float) -> pd.DataFrame:
+    """Eq. (6) over a grid of (cluster shape, H, H^b): one tidy row per combination.
+
+    Also counts the rounds by running the schedule over ``N/(K·B)`` updates, so every row
+    carries eq. (6)'s round counts beside the schedule's.
+    """
+    rows = []
+    for text in topologies:
+        shape = ClusterShape.parse(text)
+        k = shape.world_size
+        for h in local_steps:
+            for hb in block_steps:
+                block_rounds, global_rounds = sync_rounds(n_samples, k, batch, h, hb)
+                rows.append({
+                    "topology": str(shape), "K": k, "servers": shape.servers, "H": h, "Hb": hb,
+                    "H*Hb": h * hb, "block_rounds": block_rounds, "global_rounds": global_rounds,
+                    "cost": comm_cost_eq6(n_samples, shape, batch, h, hb, c_intra, c_inter),
+                    "cost_intra_only": block_rounds * c_intra * shape.servers
+                    * math.log2(k / shape.servers),
+                })
+    df = pd.DataFrame(rows)
+    if 1 in local_steps and 1 in block_steps:  # mini-batch SGD (H = H^b = 1) as the yardstick
+        baseline = df[(df.H == 1) & (df.Hb == 1)].set_index("topology")["cost"]
+        df["cost_vs_minibatch"] = df["cost"] / df["topology"].map(baseline)
+    return df

@@ -1,0 +1,135 @@
+"""The papermill harness: validation before running, failures isolated, outputs complete."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from localsgd import reproduce as h
+from localsgd.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+IDS = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+
+
+# ------------------------------------------------------------------ the committed notebooks
+@pytest.mark.parametrize("nb_id", IDS)
+def test_notebook_committed_clean_with_one_parameters_cell(nb_id):
+    nb = nbformat.read(NOTEBOOKS / f"{nb_id}.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), "strip outputs"
+    tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(tagged) == 1
+    defined = h.parameters_cell_names(NOTEBOOKS / f"{nb_id}.ipynb")
+    assert {"mode", "out_dir", "seed"} <= set(defined)
+
+
+@pytest.mark.parametrize("mode", h.MODES)
+def test_every_params_yaml_uses_only_defined_parameters(mode):
+    specs = h.plan(NOTEBOOKS, mode)  # raises HarnessError naming any unknown key
+    assert [s.id for s in specs] == IDS
+
+
+def test_no_stray_params_folders():
+    folders = {p.name for p in (NOTEBOOKS / "params").iterdir() if p.is_dir()}
+    assert folders == set(IDS)
+
+
+@pytest.mark.parametrize("nb_id", IDS)
+def test_notebook_runs_in_smoke_mode(nb_id, tmp_path):
+    out = tmp_path / "figures"
+    code = main(["reproduce", "--mode", "smoke", "--only", nb_id, "--out-dir", str(out),
+                 "--build-dir", str(tmp_path / "build")])
+    assert code == 0
+    for ext in ("png", "pdf", "csv", "json"):
+        assert (out / f"{nb_id}.{ext}").stat().st_size > 0
+    side = json.loads((out / f"{nb_id}.json").read_text())
+    for key in ("git", "versions", "device", "params", "seed", "mode", "scale", "utc_time",
+                "wall_seconds"):
+        assert key in side, key
+    assert side["mode"] == "smoke" and side["git"]["commit"] and "dirty" in side["git"]
+    assert side["versions"]["torch"] and side["wall_seconds"] > 0
+    assert (out / "REPORT.md").exists()
+    assert (tmp_path / "build" / f"{nb_id}.smoke.ipynb").exists()
+
+
+# ------------------------------------------------------------------ validation, on toy notebooks
+def _toy(folder: Path, nb_id: str, body: str, params: dict | None = None,
+         params_src: str = 'mode = "smoke"\nout_dir = "figures"\nseed = 0\nsize = 3\n') -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    cells = []
+    if params_src is not None:
+        cells.append(nbformat.v4.new_code_cell(params_src, metadata={"tags": ["parameters"]}))
+    cells.append(nbformat.v4.new_code_cell(body))
+    nb.cells = cells
+    (folder / "notebooks").mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, folder / "notebooks" / f"{nb_id}.ipynb")
+    for mode in h.MODES:
+        p = folder / "notebooks" / "params" / nb_id / f"{mode}.yaml"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(yaml.safe_dump(params if params is not None else {"size": 2}))
+
+
+WRITE = ("from pathlib import Path\nPath(out_dir).mkdir(parents=True, exist_ok=True)\n"
+         "Path(out_dir, 'toy_{name}.txt').write_text(str(size))\n")
+
+
+def _cli(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "localsgd", "reproduce", "--notebooks", str(folder / "notebooks"),
+           "--out-dir", str(folder / "out"), "--build-dir", str(folder / "build"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_unknown_yaml_key_fails_before_running(tmp_path):
+    _toy(tmp_path, "good", WRITE.format(name="good"))
+    _toy(tmp_path, "typo", WRITE.format(name="typo"), params={"sise": 2})
+    r = _cli(tmp_path, "--mode", "smoke")
+    assert r.returncode == 2
+    assert "sise" in r.stderr and "typo" in r.stderr
+    assert not (tmp_path / "out").exists(), "nothing may run when validation fails"
+
+
+def test_unknown_mode_and_id_fail_with_their_name(tmp_path):
+    _toy(tmp_path, "good", WRITE.format(name="good"))
+    r = _cli(tmp_path, "--mode", "fast")
+    assert r.returncode == 2 and "'fast'" in r.stderr and "smoke" in r.stderr
+    r = _cli(tmp_path, "--mode", "smoke", "--only", "nope")
+    assert r.returncode == 2 and "'nope'" in r.stderr and "good" in r.stderr
+
+
+def test_missing_parameters_cell_and_reserved_keys_fail(tmp_path):
+    _toy(tmp_path, "untagged", "x = 1", params={}, params_src=None)
+    with pytest.raises(h.HarnessError, match="no code cell tagged 'parameters'"):
+        h.plan(tmp_path / "notebooks", "smoke")
+    shutil.rmtree(tmp_path / "notebooks")
+    _toy(tmp_path, "reserved", "x = 1", params={"mode": "paper"})
+    with pytest.raises(h.HarnessError, match="injects"):
+        h.plan(tmp_path / "notebooks", "smoke")
+
+
+def test_raising_notebook_fails_command_but_others_run(tmp_path):
+    _toy(tmp_path, "a_first", WRITE.format(name="a"))
+    _toy(tmp_path, "b_broken", "x = 1\nraise RuntimeError('boom in cell')")
+    _toy(tmp_path, "c_last", WRITE.format(name="c"))
+    r = _cli(tmp_path, "--mode", "quick")
+    assert r.returncode == 1
+    out = r.stdout + r.stderr
+    assert "b_broken" in out and "RuntimeError" in out and "boom in cell" in out
+    assert "starting 'x = 1'" in out  # names the cell that raised
+    assert (tmp_path / "out" / "toy_a.txt").read_text() == "2"
+    assert (tmp_path / "out" / "toy_c.txt").read_text() == "2"  # ran after the failure
+
+
+def test_list_shows_ids_and_modes(tmp_path, capsys):
+    assert main(["reproduce", "--list"]) == 0
+    listing = capsys.readouterr().out
+    for nb_id in IDS:
+        assert nb_id in listing

@@ -1,0 +1,89 @@
+"""Provenance sidecars, atomic writes, the parameter cache and the report join."""
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from localsgd import report, results  # noqa: E402
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path):
+    target = tmp_path / "x.csv"
+    target.write_text("old")
+    with pytest.raises(RuntimeError), results.atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("interrupted")
+    assert target.read_text() == "old"
+    assert list(tmp_path.iterdir()) == [target], "no temp file left behind"
+
+
+def test_cache_reuses_and_refreshes(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return pd.DataFrame({"a": [len(calls)]})
+
+    p = {"lr": 0.1, "H": 4}
+    assert results.cached("exp", p, compute, cache_dir=tmp_path)["a"][0] == 1
+    assert results.cached("exp", {"H": 4, "lr": 0.1}, compute, cache_dir=tmp_path)["a"][0] == 1
+    assert len(calls) == 1, "same parameters (any key order) must hit the cache"
+    assert results.cached("exp", {**p, "H": 8}, compute, cache_dir=tmp_path)["a"][0] == 2
+    assert results.cached("exp", p, compute, cache_dir=tmp_path, refresh=True)["a"][0] == 3
+
+
+def test_cache_recomputes_corrupt_entry(tmp_path):
+    p = {"k": 1}
+    results.cached("exp", p, lambda: pd.DataFrame({"a": [1]}), cache_dir=tmp_path)
+    entry = tmp_path / f"exp-{results.params_hash(p)}.csv"
+    entry.write_bytes(b"\xff\xfe\x00garbage")
+    df = results.cached("exp", p, lambda: pd.DataFrame({"a": [7]}), cache_dir=tmp_path)
+    assert df["a"][0] == 7
+
+
+def test_save_figure_writes_everything_and_checks_compare(tmp_path):
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    data = pd.DataFrame({"x": [1, 2], "y": [3, 4]})
+    cmp = pd.DataFrame({"artifact": ["Table 9"], "setting": ["H=2"], "metric": ["acc"],
+                        "value": [0.5]})
+    written = results.save_figure("toy", fig, data, out_dir=tmp_path, params={"H": 2},
+                                  mode="quick", scale="reduced", seed=3, wall_seconds=1.5,
+                                  compare=cmp)
+    names = sorted(p.name for p in written)
+    assert names == ["toy.compare.csv", "toy.csv", "toy.json", "toy.pdf", "toy.png"]
+    side = json.loads((tmp_path / "toy.json").read_text())
+    assert side["params"] == {"H": 2} and side["seed"] == 3 and side["scale"] == "reduced"
+    assert pd.read_csv(tmp_path / "toy.csv").equals(data)
+    with pytest.raises(ValueError, match="lack columns"):
+        results.save_figure("bad", None, data, out_dir=tmp_path, params={}, mode="quick",
+                            scale="full", compare=cmp.drop(columns="metric"))
+    with pytest.raises(ValueError, match="scale"):
+        results.save_figure("bad", None, data, out_dir=tmp_path, params={}, mode="quick",
+                            scale="tiny")
+
+
+def test_report_joins_on_artifact_setting_metric(tmp_path):
+    papers, figs = tmp_path / "papers", tmp_path / "figures"
+    (papers / "src1").mkdir(parents=True)
+    pd.DataFrame({"artifact": ["Table 3", "Table 3", "Figure 9"], "setting": ["H=1", "H=2", "x"],
+                  "metric": ["syncs", "syncs", "acc"], "value": [15, 7, 90.0],
+                  "unit": ["", "", "%"], "note": ["", "", ""]}
+                 ).to_csv(papers / "src1" / "reported.csv", index=False)
+    for scale, setting, value in (("full", "H=1", 15), ("reduced", "H=2", 6)):
+        results.save_figure(f"f_{setting[-1]}", None, pd.DataFrame({"v": [1]}), out_dir=figs,
+                            params={}, mode="quick", scale=scale,
+                            compare=pd.DataFrame({"artifact": ["Table 3"], "setting": [setting],
+                                                  "metric": ["syncs"], "value": [value]}))
+    table = report.joined(papers, figs).set_index("setting")
+    assert table.loc["H=1", "status"] == report.STATUS_FULL
+    assert table.loc["H=2", "status"] == report.STATUS_REDUCED
+    assert table.loc["H=2", "ours / source"] == pytest.approx(6 / 7)
+    assert table.loc["x", "status"] == report.STATUS_NONE
+    text = report.write_report(papers, figs).read_text()
+    assert "## src1" in text and "| Table 3 | H=1 | syncs | 15 |" in text
