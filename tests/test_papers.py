@@ -64,7 +64,9 @@ def test_values_parse_as_numbers(folder):
 def test_std_notes_are_well_formed(folder):
     notes = load(folder)["note"]
     for note in notes[notes.str.contains("std=")]:
-        assert re.fullmatch(r"std=\d+\.\d+", note), f"std note must be exactly 'std=<number>': {note}"
+        assert re.fullmatch(r"std=\d+\.\d+", note), (
+            f"std note must be exactly 'std=<number>': {note}"
+        )
 
 
 def test_lin2020_table_cell_counts():
