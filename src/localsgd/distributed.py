@@ -1,0 +1,128 @@
+"""Process-group helpers for the torch.distributed engine.
+
+`spawn` starts W CPU processes joined by a gloo process group (tests and benchmarks);
+`init_from_env` joins the group described by torchrun's environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, queue) -> None:
+    # Each worker is a fresh interpreter (spawn), so pin threads before any tensor work.
+    torch.set_num_threads(threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, world_size, *args)
+        queue.put((rank, True, result))
+    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
+        queue.put((rank, False, traceback.format_exc()))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1,
+          timeout: float = 300.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` gloo processes on CPU.
+
+    ``fn`` must be importable (a module-level function). Returns the per-rank return values
+    (which must be picklable), ordered by rank. A failure on any rank raises ``RuntimeError``
+    carrying that rank's traceback.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, threads, fn, args, queue),
+                    daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, Any] = {}
+    errors: list[str] = []
+    for _ in range(world_size):
+        # A crashed rank never reports; the others then fail on their next collective.
+        rank, ok, payload = _get(queue, procs, timeout)
+        if rank is None:
+            errors.append(payload)
+            break
+        if ok:
+            results[rank] = payload
+        else:
+            errors.append(f"rank {rank}:\n{payload}")
+            break
+    for p in procs:
+        p.join(timeout=5 if errors else timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if errors:
+        raise RuntimeError("spawned worker failed:\n" + "\n".join(errors))
+    return [results[r] for r in range(world_size)]
+
+
+def _get(queue, procs, timeout: float):
+    """Wait for one worker report, noticing workers that died without reporting."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not queue.empty():
+            return queue.get()
+        dead = [p for p in procs if p.exitcode not in (None, 0)]
+        if dead and queue.empty():
+            time.sleep(0.2)  # the failing rank may still be flushing its report
+            if queue.empty():
+                return None, False, f"worker exited with code {dead[0].exitcode} and no report"
+        time.sleep(0.005)
+    return None, False, f"timed out after {timeout} s waiting for workers"
+
+
+def init_from_env(backend: str | None = None) -> tuple[int, int, torch.device]:
+    """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, ...).
+
+    Uses NCCL when CUDA is available and gloo otherwise, unless ``backend`` is given.
+    Returns ``(rank, world_size, device)``; on CUDA the device is ``cuda:LOCAL_RANK``.
+    """
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if k not in os.environ]
+    if missing:
+        raise ValueError(
+            f"init_from_env needs torchrun's environment variables; missing {missing} "
+            "(launch with `torchrun --nproc-per-node N ...`)")
+    use_cuda = torch.cuda.is_available() and backend in (None, "nccl")
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size(), device
