@@ -1,0 +1,146 @@
+"""Replica engine: equivalence with mini-batch SGD, hierarchy, determinism, resume."""
+
+import pytest
+import torch
+from torch import nn
+
+from localsgd.outer import OuterUpdate, slowmo
+from localsgd.replicas import ReplicaCommunicator, ReplicaEngine
+from localsgd.schedule import SyncSchedule, Topology
+
+torch.set_num_threads(1)
+D, B = 5, 4  # input dimension, local batch size
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(D, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def bn_net():
+    return nn.Sequential(nn.Linear(D, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 1))
+
+
+def batches(engine):
+    """Each worker samples its own batch from its own stream (seed + k)."""
+    out = []
+    for g in engine.generators:
+        x = torch.randn(B, D, generator=g)
+        out.append((x, x.sum(1, keepdim=True).sin() + 0.1 * torch.randn(B, 1, generator=g)))
+    return out
+
+
+def sgd(lr=0.1, momentum=0.0):
+    return lambda ps: torch.optim.SGD(ps, lr=lr, momentum=momentum)
+
+
+def run(engine, steps):
+    for _ in range(steps):
+        engine.step(batches(engine), nn.functional.mse_loss)
+    return engine
+
+
+def test_h1_equals_minibatch_sgd_on_concatenated_batch():
+    k, steps = 4, 6
+    engine = ReplicaEngine(mlp, SyncSchedule(Topology.from_paper(k, 1)), sgd(0.2), seed=3)
+    torch.manual_seed(3)
+    ref = mlp()
+    opt = torch.optim.SGD(ref.parameters(), lr=0.2)
+    for _ in range(steps):
+        data = batches(engine)
+        engine.step(data, nn.functional.mse_loss)
+        x = torch.cat([d[0] for d in data])
+        y = torch.cat([d[1] for d in data])
+        opt.zero_grad()
+        nn.functional.mse_loss(ref(x), y).backward()
+        opt.step()
+    ref_flat = torch.cat([p.detach().flatten() for p in ref.parameters()])
+    for row in engine.comm.flat:
+        assert torch.allclose(row, ref_flat, atol=1e-6)
+
+
+def test_warmup_models_with_momentum_averaging_equals_gradient_allreduce():
+    """The documented equivalence: averaging (w, u) after each SGD+momentum step == mini-batch
+    momentum SGD (gradient all-reduce)."""
+    topo = Topology.from_paper(4, 4)
+    a = ReplicaEngine(mlp, SyncSchedule(topo, warmup_steps=5), sgd(0.1, 0.9), seed=1)
+    b = ReplicaEngine(mlp, SyncSchedule(topo, warmup_steps=5, warmup_mode="models"),
+                      sgd(0.1, 0.9), seed=1, average_momentum=True)
+    run(a, 5)
+    run(b, 5)
+    assert torch.allclose(a.comm.flat, b.comm.flat, atol=1e-6)
+    assert a.comm.consensus_distance() < 1e-12
+
+
+def test_hierarchical_groups_agree_inside_blocks():
+    engine = ReplicaEngine(mlp, SyncSchedule(Topology.from_paper(4, 2, 2, 2)), sgd(0.1, 0.9),
+                           seed=0)
+    run(engine, 1)
+    assert engine.comm.consensus_distance() > 0  # local steps: replicas drift apart
+    run(engine, 1)  # t = 2: block average (groups [0, 1], [2, 3])
+    f = engine.comm.flat
+    assert torch.equal(f[0], f[1]) and torch.equal(f[2], f[3]) and not torch.equal(f[0], f[2])
+    run(engine, 2)  # t = 4: global average
+    assert all(torch.equal(f[0], row) for row in f)
+
+
+def test_bitwise_deterministic_for_same_seed():
+    def make(seed):
+        sched = SyncSchedule(Topology.from_paper(4, 2, 2, 2), outer_period=4)
+        return run(ReplicaEngine(bn_net, sched, sgd(0.05, 0.9), outer=slowmo(), seed=seed,
+                                 average_buffers=True), 8)
+
+    a, b, c = make(7), make(7), make(8)
+    assert torch.equal(a.comm.flat, b.comm.flat)
+    assert not torch.equal(a.comm.flat, c.comm.flat)
+
+
+def test_state_dict_round_trip_mid_run_continues_identically():
+    def make():
+        sched = SyncSchedule(Topology.from_paper(4, 2, 2, 2), outer_period=4, warmup_steps=1)
+        return ReplicaEngine(bn_net, sched, sgd(0.05, 0.9), outer=OuterUpdate(0.6, 1.0), seed=5,
+                             average_buffers=True, average_momentum=True)
+
+    a = run(make(), 5)
+    state = a.state_dict()
+    run(a, 7)
+    b = make()
+    b.load_state_dict(state)
+    assert b.t == 5
+    run(b, 7)
+    assert torch.equal(a.comm.flat, b.comm.flat)
+    for ma, mb in zip(a.models, b.models, strict=True):
+        for x, y in zip(ma.state_dict().values(), mb.state_dict().values(), strict=True):
+            assert torch.equal(x, y)
+
+
+def test_batchnorm_buffers_averaged_on_request():
+    sched = SyncSchedule(Topology.from_paper(2, 2))
+    on = run(ReplicaEngine(bn_net, sched, sgd(), seed=0, average_buffers=True), 2)
+    off = run(ReplicaEngine(bn_net, sched, sgd(), seed=0), 2)
+    mean_on = [m[1].running_mean for m in on.models]
+    mean_off = [m[1].running_mean for m in off.models]
+    assert torch.equal(mean_on[0], mean_on[1])
+    assert not torch.equal(mean_off[0], mean_off[1])
+    # parameters are averaged either way
+    assert torch.equal(on.comm.flat[0], on.comm.flat[1])
+
+
+def test_gossip_engine_preserves_average_and_outer_step_syncs():
+    sched = SyncSchedule(Topology.from_paper(8, 6), gossip=True, outer_period=6)
+    engine = ReplicaEngine(mlp, sched, sgd(0.05), outer=slowmo(0.5), seed=2)
+    run(engine, 5)
+    assert engine.comm.consensus_distance() > 0
+    assert torch.allclose(engine.comm.ps_weight, torch.ones(8, dtype=torch.float32))
+    before = engine.comm.flat.mean(0).clone()
+    engine.comm.gossip(engine.t + 1)  # one extra round: the average is unchanged
+    assert torch.allclose(engine.comm.flat.mean(0), before, atol=1e-6)
+    run(engine, 1)  # t = 6: exact average + SlowMo step
+    assert all(torch.equal(engine.comm.flat[0], row) for row in engine.comm.flat)
+
+
+def test_communicator_validation():
+    with pytest.raises(ValueError, match="got 3 models for a topology of world_size 4"):
+        ReplicaCommunicator(Topology.from_paper(4, 2), [mlp() for _ in range(3)])
+    engine = ReplicaEngine(mlp, SyncSchedule(Topology.from_paper(2, 2)), sgd(), seed=0)
+    with pytest.raises(ValueError, match="need 2 batches"):
+        engine.step(batches(engine)[:1], nn.functional.mse_loss)
