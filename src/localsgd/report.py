@@ -127,9 +127,16 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
     ]
     for source, part in table.groupby("source", sort=True):
         lines += [f"## {source}", ""]
-        show = part[["artifact", "setting", "metric", "value", "unit", "ours", "ours / source",
-                     "mode", "scale", "status", "note"]].rename(columns={"value": "source"})
-        lines += [_md_table(show), ""]
+        done = part[part["status"] != STATUS_NONE]
+        if len(done):
+            show = done[["artifact", "setting", "metric", "value", "unit", "ours", "ours / source",
+                         "mode", "scale", "status", "note"]].rename(columns={"value": "source"})
+            lines += [_md_table(show), ""]
+        todo = part[part["status"] == STATUS_NONE].groupby("artifact", sort=False).size()
+        if len(todo):
+            # set-up numbers and results no notebook produces yet: counted, not listed
+            lines += ["Not yet compared (numbers per artifact; see `reported.csv`): "
+                      + ", ".join(f"{a} ({n})" for a, n in todo.items()) + ".", ""]
     return "\n".join(lines)
 
 
