@@ -61,8 +61,8 @@ class OuterUpdate:
         if params.dim() == 1:
             return params
         if params.dim() == 2:
-            # rows are equal after a global average; the mean is exact then and robust otherwise
-            return params.mean(dim=0)
+            # rows are bitwise equal right after a global average; a mean would add rounding
+            return params[0]
         raise ValueError(f"params must be a flat [n] or stacked [K, n] tensor, got {params.shape}")
 
     @torch.no_grad()
