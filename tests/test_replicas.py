@@ -144,3 +144,13 @@ def test_communicator_validation():
     engine = ReplicaEngine(mlp, SyncSchedule(Topology.from_paper(2, 2)), sgd(), seed=0)
     with pytest.raises(ValueError, match="need 2 batches"):
         engine.step(batches(engine)[:1], nn.functional.mse_loss)
+
+
+def test_intra_host_gradient_allreduce_keeps_hosts_identical():
+    topo = Topology.from_periods({1: 2, 4: 4}, names=["host", "world"])
+    sched = SyncSchedule(topo, warmup_steps=2, post_local_gradient_allreduce=True)
+    engine = run(ReplicaEngine(mlp, sched, sgd(0.1, 0.9), seed=4), 5)  # t = 5: no world average
+    f = engine.comm.flat
+    assert torch.equal(f[0], f[1]) and torch.equal(f[2], f[3]) and not torch.equal(f[0], f[2])
+    run(engine, 1)  # t = 6 = W + 4: world average
+    assert all(torch.equal(f[0], row) for row in f)
