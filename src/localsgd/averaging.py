@@ -240,6 +240,55 @@ def _all_reduce_mean(buf: torch.Tensor, size: int, group) -> dist.Work:
     return dist.all_reduce(buf, group=group, async_op=True)
 
 
+class TensorSet:
+    """A named set of tensors averaged through one persistent :class:`FlatBuffer`.
+
+    ``prepare(tensors)`` returns the buffer holding their current values, (re)building it, after
+    a collective signature check over ``group``, whenever the tensor objects change shape or
+    dtype; new objects with the old signature (a rebound optimizer state) are simply copied in.
+    """
+
+    def __init__(self, what: str, adopt: bool, group: dist.ProcessGroup | None):
+        self.what, self.adopt, self.group = what, adopt, group
+        self.flat: FlatBuffer | None = None
+        self._key: tuple[int, ...] = ()
+
+    def prepare(self, tensors: list[torch.Tensor]) -> FlatBuffer | None:
+        key = tuple(id(t) for t in tensors)
+        if key != self._key:
+            if not tensors:
+                self.flat = None
+            elif self.flat is None or not self.flat.matches(tensors):
+                check_same_tensors(tensors, self.what, self.group)
+                self.flat = FlatBuffer(tensors, adopt=self.adopt)
+            self._key = key
+        if self.flat is not None:
+            self.flat.gather(tensors)
+        return self.flat
+
+
+def float_buffers(module: nn.Module | None) -> list[torch.Tensor]:
+    """Floating-point buffers (BatchNorm running mean/var; not ``num_batches_tracked``)."""
+    return [] if module is None else [b for b in module.buffers() if b.is_floating_point()]
+
+
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None,
+                            keys: Sequence[str] | None = None) -> list[torch.Tensor]:
+    """Per-parameter float state of ``optimizer`` shaped like its parameter (SGD momentum,
+    Adam moments), or only the entries named in ``keys``; step counters are skipped."""
+    if optimizer is None:
+        return []
+    out = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            st = optimizer.state.get(p, {})
+            for k, v in st.items():
+                if (keys is None or k in keys) and isinstance(v, torch.Tensor) \
+                        and v.is_floating_point() and v.shape == p.shape:
+                    out.append(v)
+    return out
+
+
 class FlatAverager(ModelAverager):
     """Averaging machinery shared by :class:`PeriodicAverager` and :class:`HierarchicalAverager`.
 
@@ -247,70 +296,25 @@ class FlatAverager(ModelAverager):
         process_group: the group all levels live in (default: WORLD).
         module: module whose floating-point buffers (BatchNorm running stats) are averaged
             together with the parameters when ``average_buffers`` is true.
-        optimizer: optimizer whose per-parameter state entries named in ``state_keys`` (default
-            ``momentum_buffer``) are averaged as well, in a second flat buffer (the entries appear
-            only after the first step, and optimizers may replace them, so they are copied).
+        optimizer: optimizer whose per-parameter state (momentum buffers; ``state_keys`` to pick
+            entries) is averaged too, in a second flat buffer: the entries appear only after the
+            first step and optimizers may replace them, so they are copied, never adopted.
         adopt: make parameters views of the flat buffer (zero-copy); False copies in and out.
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, *,
                  module: nn.Module | None = None, average_buffers: bool = False,
                  optimizer: torch.optim.Optimizer | None = None,
-                 state_keys: Sequence[str] = ("momentum_buffer",), adopt: bool = True):
+                 state_keys: Sequence[str] | None = None, adopt: bool = True):
         super().__init__(process_group)
         if average_buffers and module is None:
             raise ValueError("average_buffers=True needs module=<the model> to find its buffers")
         self.module = module if average_buffers else None
         self.optimizer = optimizer
-        self.state_keys = tuple(state_keys)
+        self.state_keys = None if state_keys is None else tuple(state_keys)
         self.adopt = adopt
-        self._flat: FlatBuffer | None = None
-        self._flat_key: tuple[int, ...] = ()
-        self._state_flat: FlatBuffer | None = None
-        self._state_key: tuple[int, ...] = ()
-
-    # -- what gets averaged
-
-    def _buffers(self) -> list[torch.Tensor]:
-        if self.module is None:
-            return []
-        return [b for b in self.module.buffers() if b.is_floating_point()]
-
-    def _state_tensors(self) -> list[torch.Tensor]:
-        if self.optimizer is None:
-            return []
-        out = []
-        for group in self.optimizer.param_groups:
-            for p in group["params"]:
-                st = self.optimizer.state.get(p, {})
-                out.extend(st[k] for k in self.state_keys
-                           if isinstance(st.get(k), torch.Tensor) and st[k].is_floating_point())
-        return out
-
-    def flat_buffer(self, params) -> tuple[FlatBuffer, list[torch.Tensor]]:
-        """The persistent buffer for ``params`` (+ buffers), (re)built when the set changes."""
-        tensors = _params_of(params) + self._buffers()
-        key = tuple(id(t) for t in tensors)
-        if self._flat is None or key != self._flat_key:
-            check_same_tensors(tensors, "parameters/buffers", self.process_group)
-            self._flat = FlatBuffer(tensors, adopt=self.adopt)
-            self._flat_key = key
-        return self._flat, tensors
-
-    def _state_buffer(self) -> tuple[FlatBuffer | None, list[torch.Tensor]]:
-        tensors = self._state_tensors()
-        if not tensors:
-            return None, []
-        key = tuple(id(t) for t in tensors)
-        if self._state_flat is None or not self._state_flat.matches(tensors):
-            check_same_tensors(tensors, "optimizer state", self.process_group)
-            self._state_flat = FlatBuffer(tensors, adopt=False)
-        elif key != self._state_key:
-            self._state_flat.gather(tensors)
-        self._state_key = key
-        return self._state_flat, tensors
-
-    # -- the collective
+        self._main = TensorSet("parameters/buffers", adopt, self.process_group)
+        self._state = TensorSet("optimizer state", False, self.process_group)
 
     @torch.no_grad()
     def average_in(self, params, group: dist.ProcessGroup | None) -> None:
@@ -318,21 +322,17 @@ class FlatAverager(ModelAverager):
         all-reduce per flat buffer (eq. 4; eq. 5 for a block group)."""
         if group is not None and dist._rank_not_in_group(group):
             return
-        flat, tensors = self.flat_buffer(params)
-        state, state_tensors = self._state_buffer()
+        tensors = _params_of(params) + float_buffers(self.module)
+        state = optimizer_state_tensors(self.optimizer, self.state_keys)
+        jobs = [(self._main.prepare(tensors), tensors), (self._state.prepare(state), state)]
         size = dist.get_world_size(group)
-        works = []
-        for fb, ts in ((flat, tensors), (state, state_tensors)):
-            if fb is None:
-                continue
-            fb.gather(ts)
-            for buf in fb.flats:
-                works.append(_all_reduce_mean(buf, size, group))
+        works = [_all_reduce_mean(buf, size, group)
+                 for fb, _ in jobs if fb is not None for buf in fb.flats]
         for w in works:
             w.wait()
-        flat.scatter(tensors)
-        if state is not None:
-            state.scatter(state_tensors)
+        for fb, ts in jobs:
+            if fb is not None:
+                fb.scatter(ts)
 
 
 class PeriodicAverager(FlatAverager):
@@ -415,6 +415,22 @@ class HierarchicalAverager(FlatAverager):
             partitions = [contiguous_blocks(world, s) for s in group_sizes]
         self.groups = build_groups(partitions, self.process_group)
 
+    @classmethod
+    def from_schedule(cls, schedule, process_group: dist.ProcessGroup | None = None,
+                      **kwargs) -> HierarchicalAverager:
+        """Averager following a ``localsgd.schedule.SyncSchedule`` (default or ``torch_compat``
+        semantics): call number ``step`` is local update ``t = step + 1``. Gossip, outer steps and
+        gradient all-reduce are not an averager's job: use ``LocalSGDOptimizer`` for those."""
+        if schedule.gossip or schedule.outer_period is not None:
+            raise ValueError(
+                "a schedule with gossip or outer steps needs LocalSGDOptimizer with a "
+                "DistributedCommunicator; HierarchicalAverager only averages models")
+        topo = schedule.topology
+        return cls(process_group=process_group,
+                   level_at=lambda step: schedule.action(step + 1).level,
+                   partitions=[topo.groups(i) for i in range(topo.num_levels)],
+                   warmup_steps=schedule.warmup_steps, **kwargs)
+
     def average_parameters(self, params) -> None:
         level = self.level_at(self.step)
         if level is not None:
@@ -426,3 +442,154 @@ def average_parameters(params: Iterable[torch.Tensor],
                        process_group: dist.ProcessGroup | None = None) -> None:
     """One-shot average over ``process_group`` (uses a fresh flat buffer; prefer an averager)."""
     FlatAverager(process_group).average_in(params, process_group)
+
+
+# --------------------------------------------------------------------------- communicator
+
+
+class DistributedCommunicator:
+    """``localsgd.schedule.Communicator`` over torch.distributed: this process is one worker.
+
+    The model's trainable parameters are adopted once into one flat buffer (``flat_params()``,
+    the tensor the outer update works on); averaging a level is one in-place all-reduce inside
+    this rank's group of that level (groups built once from ``topology.groups``); gossip is one
+    SGP push-sum round with point-to-point isend/irecv following ``localsgd.gossip.plan``.
+
+    Args:
+        topology: levels and group sizes; ``world_size`` must equal the process group's size.
+        model: this worker's model.
+        optimizer: its inner optimizer (needed for ``average_momentum``).
+        average_buffers: also average floating-point buffers (BatchNorm running stats).
+        average_momentum: also average the optimizer's per-parameter float state.
+        peers_per_step: SGP peers per gossip round.
+        process_group: the group of all workers (default WORLD).
+    """
+
+    def __init__(self, topology, model: nn.Module,
+                 optimizer: torch.optim.Optimizer | None = None, *,
+                 average_buffers: bool = False, average_momentum: bool = False,
+                 peers_per_step: int = 1, process_group: dist.ProcessGroup | None = None):
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.world_size = dist.get_world_size(self.process_group)
+        if topology.world_size != self.world_size:
+            raise ValueError(f"topology is for {topology.world_size} workers but the process "
+                             f"group has {self.world_size}")
+        if average_momentum and optimizer is None:
+            raise ValueError("average_momentum=True needs optimizer=<the inner optimizer>")
+        self.topology, self.model, self.optimizer = topology, model, optimizer
+        self.average_buffers, self.average_momentum = average_buffers, average_momentum
+        self.peers_per_step = peers_per_step
+        self.rank = dist.get_rank(self.process_group)
+        self._global_ranks = dist.get_process_group_ranks(self.process_group)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self._params = TensorSet("parameters", True, self.process_group)
+        fb = self._params.prepare(self.params)
+        if fb is None or len(fb.buckets) != 1 or not all(fb._adoptable):
+            raise ValueError(
+                "DistributedCommunicator needs trainable parameters of one dtype and device with "
+                "dense layouts (one flat buffer the model aliases); got "
+                f"{sorted({(str(p.dtype), str(p.device)) for p in self.params})}")
+        self.groups = build_groups([topology.groups(i) for i in range(topology.num_levels)],
+                                   self.process_group)
+        self._buffers = TensorSet("buffers", True, self.process_group)
+        self._state = TensorSet("optimizer state", False, self.process_group)
+        self._grads = TensorSet("gradients", False, self.process_group)
+        self.ps_weight = 1.0  # push-sum weight w_i of SGP (1 until the first gossip round)
+        self._gossip_bufs: list[torch.Tensor] = []
+        self._gossiped = False
+
+    # -- Communicator ---------------------------------------------------------------------------
+
+    def flat_params(self) -> torch.Tensor:
+        """This worker's parameters as one flat ``[n]`` tensor the model aliases."""
+        return self._params.prepare(self.params).flats[0]
+
+    @torch.no_grad()
+    def average(self, level: int) -> None:
+        """Average parameters (+ buffers, optimizer state) inside this rank's group of
+        ``level`` (eq. 4/5). After gossip the push-sum numerators and weights are averaged."""
+        group = self.groups[level]
+        size = self.topology.levels[level].group_size
+        if size == 1:
+            return
+        flat = self.flat_params()
+        jobs = []
+        if self.average_buffers:
+            bufs = float_buffers(self.model)
+            jobs.append((self._buffers.prepare(bufs), bufs))
+        if self.average_momentum:
+            state = optimizer_state_tensors(self.optimizer)
+            jobs.append((self._state.prepare(state), state))
+        works = [_all_reduce_mean(b, size, group) for fb, _ in jobs if fb is not None
+                 for b in fb.flats]
+        # Every rank takes the same branch (gossip rounds are collective), whatever its weight.
+        if not self._gossiped:
+            works.append(_all_reduce_mean(flat, size, group))
+        else:
+            # Push-sum: z = mean(x) / mean(w) with x = z * w (the replica engine's rule).
+            flat.mul_(self.ps_weight)
+            w = torch.tensor([self.ps_weight], dtype=flat.dtype, device=flat.device)
+            works += [_all_reduce_mean(flat, size, group), _all_reduce_mean(w, size, group)]
+        for work in works:
+            work.wait()
+        if self._gossiped:
+            flat.div_(w)
+            self.ps_weight = float(w)
+        for fb, ts in jobs:
+            if fb is not None:
+                fb.scatter(ts)
+
+    @torch.no_grad()
+    def allreduce_grads(self, level: int) -> None:
+        """Average the existing gradients inside this rank's group of ``level``."""
+        size = self.topology.levels[level].group_size
+        if size == 1:
+            return
+        grads = [p.grad for p in self.params if p.grad is not None]
+        fb = self._grads.prepare(grads)
+        if fb is None:
+            return
+        works = [_all_reduce_mean(b, size, self.groups[level]) for b in fb.flats]
+        for work in works:
+            work.wait()
+        fb.scatter(grads)
+
+    @torch.no_grad()
+    def gossip(self, step: int) -> None:
+        """One SGP push-sum round (``localsgd.gossip``): keep ``weight`` of (x, w), push
+        ``weight`` of it to each peer of the exponential graph, add what the in-peers push."""
+        from . import gossip as gossip_mod
+
+        plan = gossip_mod.plan(step, self.world_size, self.peers_per_step)
+        if not plan.offsets:
+            return
+        flat = self.flat_params()
+        n = flat.numel()
+        if len(self._gossip_bufs) != 1 + len(plan.offsets):
+            self._gossip_bufs = [flat.new_empty(n + 1) for _ in range(1 + len(plan.offsets))]
+        send, *recvs = self._gossip_bufs
+        # Same operation order as gossip.mix_: x = z * w, then x * weight.
+        torch.mul(flat, self.ps_weight, out=send[:n]).mul_(plan.weight)
+        send[n] = self.ps_weight * plan.weight
+        ops = []
+        for peer, src, buf in zip(plan.send_to(self.rank), plan.recv_from(self.rank), recvs,
+                                  strict=True):
+            ops.append(dist.isend(send, self._global_ranks[peer], group=self.process_group))
+            ops.append(dist.irecv(buf, self._global_ranks[src], group=self.process_group))
+        for op in ops:
+            op.wait()
+        total = send.clone()
+        for buf in recvs:
+            total += buf
+        self.ps_weight = float(total[n])
+        self._gossiped = True
+        torch.div(total[:n], total[n], out=flat)
+
+    # -- resume ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"ps_weight": self.ps_weight, "gossiped": self._gossiped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ps_weight = float(state["ps_weight"])
+        self._gossiped = bool(state.get("gossiped", self.ps_weight != 1.0))
