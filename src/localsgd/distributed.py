@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import traceback
@@ -32,8 +33,12 @@ def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, queue
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        queue.put((rank, True, result))
-    except BaseException:  # noqa: BLE001 - the parent re-raises with the traceback
+        # Serialise to bytes: tensors sent through a torch queue would travel as shared-memory
+        # handles that die with this process.
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put((rank, True, buf.getvalue()))
+    except BaseException:  # the parent re-raises with this traceback
         queue.put((rank, False, traceback.format_exc()))
         raise
     finally:
@@ -71,7 +76,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1,
             errors.append(payload)
             break
         if ok:
-            results[rank] = payload
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
         else:
             errors.append(f"rank {rank}:\n{payload}")
             break
@@ -119,7 +124,7 @@ def init_from_env(backend: str | None = None) -> tuple[int, int, torch.device]:
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")

@@ -36,7 +36,7 @@ class LocalSGDOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: SyncSchedule, communicator,
                  outer=None):
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - the project reports bad arguments as ValueError
                 f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         # Like torch's PostLocalSGDOptimizer: no Optimizer.__init__, share the inner groups.
         self.optim = optimizer
