@@ -18,8 +18,9 @@ def test_linear_scaling():
     assert scaled_lr(0.1, 16) == pytest.approx(1.6)
     # ImageNet: 0.1 per 256 samples, K = 16 GPUs with B_loc = 128
     assert scaled_lr(0.1, global_batch=16 * 128, base_batch=256) == pytest.approx(0.8)
-    with pytest.raises(ValueError, match="exactly one of world_size or global_batch"):
-        scaled_lr(0.1)
+    with pytest.raises(ValueError, match="exactly one of world_size or global_batch .* got "
+                                         "world_size=4, global_batch=64"):
+        scaled_lr(0.1, 4, global_batch=64, base_batch=32)
 
 
 def test_gradual_warmup_increment():
@@ -61,3 +62,14 @@ def test_paper_schedule_and_lambda_lr():
         opt.step()
         lam.step()
     assert seen == pytest.approx([sched(i) for i in range(35)])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(peak_lr=0.0), r"peak_lr must be > 0, got 0.0"),
+    (dict(peak_lr=1.0, start_lr=-0.1, warmup_iters=5), r"start_lr must be > 0 .* got -0.1"),
+    (dict(peak_lr=1.0, factor=0.0), r"decay factor must be in \(0, 1\], got 0.0"),
+    (dict(peak_lr=1.0, milestones=(5, -1)), r"milestones must be iterations >= 0"),
+])
+def test_lr_schedule_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LRSchedule(**kwargs)

@@ -86,3 +86,9 @@ def test_validation():
         OuterUpdate(momentum=1.0)
     with pytest.raises(ValueError, match="before reset"):
         OuterUpdate().step(torch.zeros(2), lr=0.1)
+    outer = OuterUpdate()
+    outer.reset(torch.zeros(3))
+    with pytest.raises(ValueError, match="params have 2 entries per worker but the anchor .* 3"):
+        outer.step(torch.zeros(2), lr=0.1)
+    with pytest.raises(ValueError, match=r"inner lr gamma must be > 0"):
+        outer.step(torch.zeros(3), lr=0.0)

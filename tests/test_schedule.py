@@ -55,6 +55,9 @@ def test_blog_128_process_config_and_names():
 
 def test_flat_forms():
     assert Topology.from_paper(8, 4).levels == (Level(4, 8, "world"),)
+    # Table 2 / Table 3 "H = 16, H^b = 1" on an 8x2 cluster: blocks of 2 never average alone
+    assert Topology.from_paper(16, 16, block_size=2, block_steps=1) == Topology.from_paper(16, 16)
+    assert sync_steps(SyncSchedule(Topology.from_paper(16, 4, 2, 1)), 12) == [4, 8, 12]
     assert Topology.from_paper(8, 4, block_size=8, block_steps=3).levels == (Level(12, 8, "world"),)
     s = SyncSchedule(Topology.from_paper(8, 4))
     assert sync_steps(s, 12) == [4, 8, 12]
@@ -71,9 +74,11 @@ INVALID_TOPOLOGIES = [
     (lambda: Topology.from_periods({}), r"must not be empty"),
     (lambda: Topology.from_paper(8, 0), r"local_steps \(H\) must be an integer >= 1, got 0"),
     (lambda: Topology.from_paper(8, 2, 4, 0), r"block_steps \(H\^b\) must be .* got 0"),
-    (lambda: Topology.from_paper(8, 2, 3, 2), r"group size 3 of level 0 does not divide .* 8"),
-    (lambda: Topology.from_paper(8, 2, 16, 2), r"block_size \(K'\) 16 exceeds world_size"),
-    (lambda: Topology.from_paper(8, 2, 4, 1), r"block_steps \(H\^b\) = 1 makes the block"),
+    (lambda: Topology.from_paper(8, 2, 3, 2),
+     r"block_size \(K'\) 3 does not divide world_size \(K\) 8; valid .* \[1, 2, 4, 8\]"),
+    (lambda: Topology.from_paper(8, 2, 3, 1), r"block_size \(K'\) 3 does not divide"),
+    (lambda: Topology.from_paper(8, 2, 16, 2), r"block_size \(K'\) 16 does not divide"),
+    (lambda: Topology.from_paper(8, 2, 0, 2), r"block_size \(K'\) must be an integer >= 1"),
     (lambda: Topology.from_paper(0, 2), r"world_size \(K\) must be an integer >= 1, got 0"),
     (lambda: Topology([], 4), r"at least one level"),
     (lambda: Topology.from_periods({2: 4, 4: 8}, names=["a", "a"]), r"names must be unique"),
@@ -129,9 +134,21 @@ def test_exponential_local_step_warmup_paper_footnote():
 
 def test_exponential_warmup_phases_restart_at_epoch_start():
     s = SyncSchedule(Topology.from_paper(2, 4), local_step_warmup_epochs=3, steps_per_epoch=5)
-    # epoch 0 (t 1-5): H=1; epoch 1 (t 6-10): H=2 from t=5; epoch 2 (t 11-15): H=4 from t=10;
-    # then H=4 counted from the end of epoch 2 (t=15)
-    assert sync_steps(s, 27) == [1, 2, 3, 4, 5, 7, 9, 14, 19, 23, 27]
+    # epoch 0 (t 1-5): H=1; epoch 1 (t 6-10): H=2 from t=5, the epoch's last update closes the
+    # round (t=10); epoch 2 (t 11-15): H=4 from t=10, closed at t=15; then H=4 from t=15
+    assert sync_steps(s, 27) == [1, 2, 3, 4, 5, 7, 9, 10, 14, 15, 19, 23, 27]
+
+
+@pytest.mark.parametrize(("h", "epochs", "spe", "warmup"), [(4, 3, 5, 0), (8, 4, 7, 3), (6, 3, 3, 0)])
+def test_exponential_warmup_rounds_never_exceed_the_epoch_cap(h, epochs, spe, warmup):
+    # regression: a round used to span an epoch boundary (5 local steps while H was capped at 4)
+    s = SyncSchedule(Topology.from_paper(4, h), warmup_steps=warmup,
+                     local_step_warmup_epochs=epochs, steps_per_epoch=spe)
+    syncs = [warmup, *sync_steps(s, epochs * spe + 3 * h)]
+    for prev, t in zip(syncs, syncs[1:], strict=False):
+        epoch = (t - 1) // spe
+        cap = min(h, 2**epoch) if epoch < epochs else h
+        assert t - prev <= cap, (prev, t, cap)
 
 
 def test_exponential_warmup_caps_every_level():
@@ -159,6 +176,12 @@ def test_outer_steps_and_gossip():
     assert g.action(50).outer and g.action(50).level == 0 and not g.action(50).gossip
     h = SyncSchedule(Topology.from_paper(4, 2, 2, 2), outer_period="global")
     assert [t for t in range(1, 13) if h.action(t).outer] == [4, 8, 12]
+
+
+def test_schedule_is_hashable_and_comparable():
+    a = SyncSchedule(Topology.from_paper(4, 2, 2, 2), warmup_steps=3)
+    b = SyncSchedule(Topology.from_paper(4, 2, 2, 2), warmup_steps=3)
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
 
 
 def test_table_columns():
@@ -312,3 +335,12 @@ def test_driver_validates():
         SyncDriver(s, RecordingComm(4))
     with pytest.raises(ValueError, match="world_size 4 but the communicator has 2"):
         SyncDriver(SyncSchedule(Topology.from_paper(4, 2)), RecordingComm(2))
+    comm = RecordingComm(4)
+    with pytest.raises(ValueError, match="outer_period=None, so it would never run"):
+        SyncDriver(SyncSchedule(Topology.from_paper(4, 2)), comm, RecordingOuter(comm))
+    plain = SyncDriver(SyncSchedule(Topology.from_paper(4, 2)), RecordingComm(4))
+    with_outer = SyncDriver(s, comm, RecordingOuter(comm))
+    with pytest.raises(ValueError, match="has outer-update state but this driver has no outer"):
+        plain.load_state_dict(with_outer.state_dict())
+    with pytest.raises(ValueError, match="has no outer-update state but this driver has"):
+        with_outer.load_state_dict(plain.state_dict())

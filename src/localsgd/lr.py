@@ -35,7 +35,10 @@ def scaled_lr(
     if base_lr <= 0:
         raise ValueError(f"base_lr must be > 0, got {base_lr}")
     if (world_size is None) == (global_batch is None):
-        raise ValueError("give exactly one of world_size or global_batch (with base_batch)")
+        raise ValueError(
+            "give exactly one of world_size or global_batch (with base_batch), got "
+            f"world_size={world_size}, global_batch={global_batch}"
+        )
     if world_size is not None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -111,6 +114,12 @@ class LRSchedule:
             raise ValueError(f"peak_lr must be > 0, got {self.peak_lr}")
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+        if self.start_lr is not None and self.start_lr <= 0:
+            raise ValueError(f"start_lr must be > 0 (or None for no warm-up), got {self.start_lr}")
+        if not 0 < self.factor <= 1:
+            raise ValueError(f"decay factor must be in (0, 1], got {self.factor}")
+        if any(m < 0 for m in self.milestones):
+            raise ValueError(f"milestones must be iterations >= 0, got {list(self.milestones)}")
         object.__setattr__(self, "milestones", tuple(sorted(self.milestones)))
 
     def __call__(self, it: int) -> float:

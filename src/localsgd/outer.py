@@ -14,7 +14,8 @@ and the outer step is
     w = w_prev - alpha * gamma * (d + beta * u)     (Nesterov)
 
 * Global / block momentum (paper App. D.1.2, Chen & Huo's block momentum): beta = m, alpha = 1.
-  beta = 0, alpha = 1 is plain model averaging (Eq. 4).
+  beta = 0, alpha = 1 is plain model averaging (Eq. 4): w = w_prev - avg Delta. (Algorithm 1
+  line 10 writes w_prev - gamma * avg Delta; we follow Eq. (4) and D.1.2, not that extra gamma.)
 * Hybrid momentum (App. D.1.3): the same outer step over inner optimizers that keep their own
   local momentum (e.g. torch.optim.SGD(momentum=0.9) per worker).
 * SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel): beta = slowmo_momentum
@@ -82,8 +83,14 @@ class OuterUpdate:
             raise ValueError("OuterUpdate.step before reset(params): no anchor w_prev yet")
         if self.scale_by_lr and not lr > 0.0:
             raise ValueError(f"inner lr gamma must be > 0 to scale the outer step, got {lr}")
+        row = self._row(params)
+        if row.shape != self.anchor.shape:
+            raise ValueError(
+                f"params have {row.numel()} entries per worker but the anchor from reset() has "
+                f"{self.anchor.numel()}; call reset() with the same parameters"
+            )
         gamma = float(lr) if self.scale_by_lr else 1.0
-        d = (self.anchor - self._row(params)) / gamma  # App. D.1.2: (1/gamma) avg Delta
+        d = (self.anchor - row) / gamma  # App. D.1.2: (1/gamma) avg Delta
         self.buf.mul_(self.momentum).add_(d)
         direction = d.add(self.buf, alpha=self.momentum) if self.nesterov else self.buf
         self.anchor.add_(direction, alpha=-self.lr * gamma)

@@ -79,7 +79,10 @@ class ReplicaCommunicator:
                 f"got {len(models)} models for a topology of world_size {topology.world_size}"
             )
         if average_momentum and (optimizers is None or len(optimizers) != len(models)):
-            raise ValueError("average_momentum=True needs one optimizer per model")
+            raise ValueError(
+                f"average_momentum=True needs one optimizer per model: got "
+                f"{0 if optimizers is None else len(optimizers)} for {len(models)} models"
+            )
         self.topology, self.world_size = topology, topology.world_size
         self.models, self.optimizers = list(models), list(optimizers or [])
         self.average_buffers, self.average_momentum = average_buffers, average_momentum
@@ -91,6 +94,12 @@ class ReplicaCommunicator:
         first = self.params[0]
         if not first:
             raise ValueError("models have no trainable parameters")
+        if len({id(p) for ps in self.params for p in ps}) != len(models) * len(first):
+            # a shared parameter can alias only one row: the others would go stale silently
+            raise ValueError(
+                "replicas share parameter objects (the same model passed twice?); pass K "
+                "independent copies, e.g. [copy.deepcopy(model) for _ in range(K)]"
+            )
         dtypes = {p.dtype for ps in self.params for p in ps}
         if len(dtypes) != 1:
             raise ValueError(f"all parameters must share one dtype for the flat stack, got {dtypes}")

@@ -14,6 +14,11 @@ Step convention: ``t = 1, 2, ...`` is the number of completed local (inner optim
   groups of that level; only the highest due level runs), ``outer`` (outer / slow-momentum step on
   the globally averaged model).
 
+Averaging replaces every model of a group by the group mean, Eq. (4)/(5). Algorithm 1 line 10
+(and Algorithm 2 lines 11 and 14) multiply the averaged Delta by gamma once more; that would
+pull each synchronised model back towards its round start and disagrees with Eq. (4)/(5) and
+with App. D.1.2 at m = 0, so the code follows the equations.
+
 Paper: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD" (ICLR 2020),
 Sec. 3.1-3.2, Eq. (3)-(5), Algorithms 1-2. Hierarchy rules: PyTorch hierarchical SGD blog.
 """
@@ -127,24 +132,26 @@ class Topology:
     ) -> Topology:
         """Algorithm 1/2 of the paper: K = `world_size` workers, blocks of K' = `block_size`
         workers average every H = `local_steps` steps and the world every H * H^b steps
-        (H^b = `block_steps`). `block_size` None or == K gives flat local SGD (Algorithm 1) with
-        period H * H^b."""
+        (H^b = `block_steps`), Eq. (5).
+
+        Flat local SGD (Algorithm 1, Eq. (4)) with period H * H^b is returned when `block_size`
+        is None or K, or when H^b = 1: then both levels are due at the same steps, only the
+        highest one runs, so blocks never average on their own. The paper writes plain local
+        SGD on a cluster of blocks this way ("H^b = 1" in Table 2 and Table 3's last column).
+        """
         _check_int("world_size (K)", world_size, 1)
         _check_int("local_steps (H)", local_steps, 1)
         _check_int("block_steps (H^b)", block_steps, 1)
-        if block_size is None or block_size == world_size:
+        if block_size is not None:
+            _check_int("block_size (K')", block_size, 1)
+            if block_size > world_size or world_size % block_size:
+                divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+                raise ValueError(
+                    f"block_size (K') {block_size} does not divide world_size (K) {world_size}; "
+                    f"valid block sizes are {divisors} (or None for flat local SGD)"
+                )
+        if block_size is None or block_size == world_size or block_steps == 1:
             return cls([Level(local_steps * block_steps, world_size, "world")], world_size)
-        _check_int("block_size (K')", block_size, 1)
-        if block_size > world_size:
-            raise ValueError(
-                f"block_size (K') {block_size} exceeds world_size (K) {world_size}; "
-                f"use a divisor of {world_size}"
-            )
-        if block_steps == 1:
-            raise ValueError(
-                "block_steps (H^b) = 1 makes the block level redundant (the world averages every "
-                f"H = {local_steps} steps too); use block_steps >= 2 or block_size=None"
-            )
         return cls(
             [
                 Level(local_steps, block_size, "block"),
@@ -228,6 +235,9 @@ class Topology:
             and self.world_size == other.world_size
         )
 
+    def __hash__(self) -> int:  # SyncSchedule is a frozen dataclass: its hash needs ours
+        return hash((self.levels, self.world_size))
+
     def __repr__(self) -> str:
         body = ", ".join(
             f"{lv.name + ': ' if lv.name else ''}every {lv.period} in groups of {lv.group_size}"
@@ -272,7 +282,10 @@ class SyncSchedule:
       the world at t=6, 12 ...
     * **Exponential local-step warm-up** (ImageNet footnote 4): during epoch e <
       ``local_step_warmup_epochs`` every period is capped at 2^e (H = 1, 2, 4, ... for flat local
-      SGD) and phases count from the start of that epoch. Needs ``steps_per_epoch``.
+      SGD) and phases count from the start of that epoch. The last update of each warm-up epoch
+      averages at the highest level, so no round spans two epochs (a round is never longer than
+      its epoch's capped period, even when ``steps_per_epoch`` is not a multiple of it).
+      Needs ``steps_per_epoch``.
     * **Intra-host gradient all-reduce** (blog; ``post_local_gradient_allreduce``): after warm-up,
       groups of level g (True means level 0) all-reduce gradients before every update. Their
       models stay identical, so levels <= g never model-average (it would be a no-op).
@@ -409,14 +422,19 @@ class SyncSchedule:
             if self.warmup_mode == "gradients":
                 return Action(t, allreduce_grads_level=top, warmup=True)
             return Action(t, level=top, warmup=True)
-        origin, cap = w, None
+        origin, cap, epoch_end = w, None, False
         if self.local_step_warmup_epochs:
             epoch = (t - 1) // self.steps_per_epoch  # update t belongs to epoch (t-1)//S
             if epoch < self.local_step_warmup_epochs:
                 origin, cap = max(w, epoch * self.steps_per_epoch), 2**epoch
+                epoch_end = t % self.steps_per_epoch == 0
             else:
                 origin = max(w, self.local_step_warmup_epochs * self.steps_per_epoch)
-        level = self._due_level(t, origin, cap)
+        averaged = self._averaged_levels()
+        if epoch_end and averaged:  # close the epoch's last round: phases restart next epoch
+            level = averaged[-1]
+        else:
+            level = self._due_level(t, origin, cap)
         outer = False
         if self.outer_period == "global":
             outer = level == top
@@ -440,8 +458,8 @@ class SyncSchedule:
         return Action(t, level=level, allreduce_grads_level=self.grad_level)
 
     def table(self, steps: int | Iterable[int]) -> Any:
-        """Actions for steps 1..steps (or the given steps) as a pandas DataFrame (a list of
-        dicts if pandas is missing), with the level's name and group size for display."""
+        """Actions for steps 1..steps (or the given steps) as a pandas DataFrame, with the
+        level's name and group size for display."""
         ts = range(1, steps + 1) if isinstance(steps, int) else steps
         rows = []
         for t in ts:
@@ -452,10 +470,8 @@ class SyncSchedule:
                 "level_name": None if lv is None else lv.name,
                 "group_size": None if lv is None else lv.group_size,
             })
-        try:
-            import pandas as pd
-        except ImportError:  # pragma: no cover - pandas is a dependency
-            return rows
+        import pandas as pd  # local import: the schedule itself needs no third-party package
+
         df = pd.DataFrame(rows, columns=[*Action._fields, "level_name", "group_size"])
         # nullable ints so "no level" shows as <NA> instead of turning levels into floats
         for col in ("level", "allreduce_grads_level", "group_size"):
@@ -531,6 +547,13 @@ class SyncDriver:
                 f"schedule has outer_period={schedule.outer_period!r} but no outer update was "
                 "given; pass outer=OuterUpdate(...) or set outer_period=None"
             )
+        if outer is not None and not needs_outer:
+            # without outer steps the outer update would be silently ignored
+            raise ValueError(
+                f"an outer update ({outer!r}) was given but the schedule has outer_period=None, "
+                "so it would never run; set outer_period ('global' for block momentum, an int "
+                "for SlowMo) or pass outer=None"
+            )
         self.schedule, self.comm, self.outer = schedule, comm, outer
         self.t = 0
         if outer is not None:
@@ -565,6 +588,13 @@ class SyncDriver:
         return {"t": self.t, "outer": None if self.outer is None else self.outer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        saved_outer = state.get("outer")
+        if (self.outer is None) != (saved_outer is None):
+            raise ValueError(
+                f"state_dict {'has' if saved_outer is not None else 'has no'} outer-update state "
+                f"but this driver {'has' if self.outer is not None else 'has no'} outer update; "
+                "build the driver with the same outer update as the saved run"
+            )
         self.t = int(state["t"])
-        if self.outer is not None and state.get("outer") is not None:
-            self.outer.load_state_dict(state["outer"])
+        if self.outer is not None:
+            self.outer.load_state_dict(saved_outer)
