@@ -65,10 +65,10 @@ def test_paper_schedule_and_lambda_lr():
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
-    (dict(peak_lr=0.0), r"peak_lr must be > 0, got 0.0"),
-    (dict(peak_lr=1.0, start_lr=-0.1, warmup_iters=5), r"start_lr must be > 0 .* got -0.1"),
-    (dict(peak_lr=1.0, factor=0.0), r"decay factor must be in \(0, 1\], got 0.0"),
-    (dict(peak_lr=1.0, milestones=(5, -1)), r"milestones must be iterations >= 0"),
+    ({"peak_lr": 0.0}, r"peak_lr must be > 0, got 0.0"),
+    ({"peak_lr": 1.0, "start_lr": -0.1, "warmup_iters": 5}, r"start_lr must be > 0 .* got -0.1"),
+    ({"peak_lr": 1.0, "factor": 0.0}, r"decay factor must be in \(0, 1\], got 0.0"),
+    ({"peak_lr": 1.0, "milestones": (5, -1)}, r"milestones must be iterations >= 0"),
 ])
 def test_lr_schedule_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -164,6 +164,10 @@ def test_shared_model_objects_are_rejected():
         ReplicaCommunicator(Topology.from_paper(2, 2), [model, model])
 
 
+def flat(model):
+    return nn.utils.parameters_to_vector(model.parameters())
+
+
 def test_hybrid_block_momentum_engine_matches_hand_written_reference():
     """Post-local warm-up, then local momentum SGD (App. D.1.1) with global block momentum
     (App. D.1.2) every H = 3 steps and a changing inner lr, against plain torch code."""
@@ -176,7 +180,6 @@ def test_hybrid_block_momentum_engine_matches_hand_written_reference():
     base = mlp()
     refs = [copy.deepcopy(base) for _ in range(k)]
     opts = [torch.optim.SGD(r.parameters(), lr=1.0, momentum=0.9) for r in refs]
-    flat = lambda r: nn.utils.parameters_to_vector(r.parameters())  # noqa: E731
     anchor, u = None, None
     for t in range(1, steps + 1):
         data = batches(engine)

@@ -1,5 +1,6 @@
 """Schedule tables: paper Fig. 3, the blog's 4-level example, warm-ups, torch compatibility."""
 
+import itertools
 from types import SimpleNamespace
 
 import pandas as pd
@@ -145,7 +146,7 @@ def test_exponential_warmup_rounds_never_exceed_the_epoch_cap(h, epochs, spe, wa
     s = SyncSchedule(Topology.from_paper(4, h), warmup_steps=warmup,
                      local_step_warmup_epochs=epochs, steps_per_epoch=spe)
     syncs = [warmup, *sync_steps(s, epochs * spe + 3 * h)]
-    for prev, t in zip(syncs, syncs[1:], strict=False):
+    for prev, t in itertools.pairwise(syncs):
         epoch = (t - 1) // spe
         cap = min(h, 2**epoch) if epoch < epochs else h
         assert t - prev <= cap, (prev, t, cap)
