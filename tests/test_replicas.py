@@ -206,3 +206,16 @@ def test_hybrid_block_momentum_engine_matches_hand_written_reference():
     for row, r in zip(engine.comm.flat, refs, strict=True):
         assert torch.allclose(row, flat(r).detach(), atol=1e-6)
     assert engine.driver.outer.num_steps == (steps - w) // h == 3
+
+
+def test_rebinding_a_parameter_is_detected_before_mixing():
+    engine = ReplicaEngine(mlp, SyncSchedule(Topology.from_paper(2, 2)), sgd(), seed=0)
+    run(engine, 1)
+    # vector_to_parameters rebinds .data: replica 1 would silently drop out of the average
+    nn.utils.vector_to_parameters(flat(engine.models[1]).detach() + 1, engine.models[1].parameters())
+    with pytest.raises(RuntimeError, match="parameter 0 of replica 1 no longer aliases its row"):
+        run(engine, 1)
+    engine = ReplicaEngine(mlp, SyncSchedule(Topology.from_paper(2, 2)), sgd(), seed=0)
+    engine.models[1].load_state_dict(engine.models[0].state_dict())  # in place: still aliased
+    run(engine, 2)
+    assert engine.comm.consensus_distance() == 0

@@ -112,6 +112,7 @@ class ReplicaCommunicator:
                 view.copy_(p.data)
                 p.data = view  # persistent alias: averaging the stack updates the model
                 offset += p.numel()
+        self._ptrs = [[p.data_ptr() for p in ps] for ps in self.params]
         self.ps_weight = torch.ones(self.world_size, dtype=self.flat.dtype, device=self.flat.device)
 
     # -- Communicator ------------------------------------------------------------------------
@@ -119,8 +120,21 @@ class ReplicaCommunicator:
     def flat_params(self) -> torch.Tensor:
         return self.flat
 
+    def _check_aliasing(self) -> None:
+        # rebinding p.data (vector_to_parameters, .to(), load_state_dict(assign=True)) detaches a
+        # parameter from its row: mixing the stack would then silently miss that replica
+        for k, (ps, ptrs) in enumerate(zip(self.params, self._ptrs, strict=True)):
+            for j, (p, ptr) in enumerate(zip(ps, ptrs, strict=True)):
+                if p.data_ptr() != ptr:
+                    raise RuntimeError(
+                        f"parameter {j} of replica {k} no longer aliases its row of the [K, n] "
+                        "stack (its .data was rebound); update parameters in place, e.g. "
+                        "p.copy_(...) or model.load_state_dict(state)"
+                    )
+
     @torch.no_grad()
     def average(self, level: int) -> None:
+        self._check_aliasing()
         g = self.topology.levels[level].group_size
         if g == 1:
             return
@@ -157,6 +171,7 @@ class ReplicaCommunicator:
 
     @torch.no_grad()
     def gossip(self, step: int) -> None:
+        self._check_aliasing()
         plan = gossip_mod.plan(step, self.world_size, self.peers_per_step)
         gossip_mod.mix_(self.flat, self.ps_weight, plan)
 
