@@ -84,9 +84,7 @@ def schedule_sync_counts(shape: ClusterShape, local_steps: int, block_steps: int
     """
     from localsgd.schedule import SyncSchedule, Topology
 
-    hierarchical = block_steps > 1 and 1 < shape.gpus_per_server < shape.world_size
-    topo = Topology.from_paper(shape.world_size, local_steps,
-                               block_size=shape.gpus_per_server if hierarchical else None,
+    topo = Topology.from_paper(shape.world_size, local_steps, block_size=shape.gpus_per_server,
                                block_steps=block_steps)
     schedule = SyncSchedule(topo)
     counts = {"within_server": 0, "global": 0}
@@ -94,7 +92,7 @@ def schedule_sync_counts(shape: ClusterShape, local_steps: int, block_steps: int
         level = schedule.action(t).level
         if level is None:
             continue
-        counts["global" if level == topo.top else "within_server"] += 1
+        counts["global" if level == topo.top else "within_server"] += 1  # blocks = servers
     return counts
 
 
