@@ -62,7 +62,7 @@ def _atomic_write_bytes(dest: Path, payload: bytes) -> None:
 
 def _download(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
     """Download ``url`` to ``dest`` atomically, refusing content whose sha256 is not ``sha256``."""
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (fixed https URL)
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
         payload = resp.read()
     got = hashlib.sha256(payload).hexdigest()
     if got != sha256:
