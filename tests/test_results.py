@@ -5,11 +5,11 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+import pytest
 
-from localsgd import report, results  # noqa: E402
+from localsgd import report, results
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):

@@ -158,7 +158,7 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
         error = (f"cell In [{exc.exec_count}] (index {exc.cell_index} of {executed}, "
                  f"starting {first[0][:60]!r}) raised {exc.ename}: {exc.evalue}" if first else
                  f"cell index {exc.cell_index} of {executed} raised {exc.ename}: {exc.evalue}")
-    except Exception as exc:  # kernel died, bad notebook JSON, …: keep going with the others
+    except Exception as exc:  # noqa: BLE001 - a dead kernel or bad JSON must not stop the rest
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     seconds = time.perf_counter() - t0
     after = _snapshot(out_dir)

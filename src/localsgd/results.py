@@ -133,7 +133,7 @@ def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | Non
         "seed": seed,
         "mode": mode,
         "scale": scale,
-        "utc_time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "utc_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "wall_seconds": wall_seconds,
         **extra,
     }
