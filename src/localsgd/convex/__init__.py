@@ -1,0 +1,13 @@
+"""Convex experiments of §3.4 / Appendix E: logistic regression on w8a, simulated local SGD.
+
+* ``objective``   — f(w), gradient, Hessian, the Newton solve for f*.
+* ``simulator``   — the vectorized local SGD simulator (seeds × step sizes × workers) and a plain
+  NumPy reference implementation.
+* ``gridsearch``  — Appendix E's self-extending step-size grid.
+* ``experiments`` — the §3.4 time model and the Fig. 4 / Fig. 5 sweeps.
+* ``bench``       — throughput of the simulator against the reference.
+"""
+
+from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar
+
+__all__ = ["PAPER_FSTAR", "LogisticProblem", "solve_fstar"]
