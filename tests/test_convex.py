@@ -115,9 +115,9 @@ def test_vectorized_equals_reference_step_for_step(topology):
         traj.append(state.W.clone())
     for s in range(S):
         for j, (fam, c) in enumerate(zip(fams, cs)):
-            seen = []
+            seen: list = []
             reference_local_sgd(p, topology, fam, c, idx[:, s],
-                                callback=lambda t, W: seen.append(W.copy()))
+                                callback=lambda t, W, out=seen: out.append(W.copy()))
             for t in range(T):
                 np.testing.assert_allclose(traj[t][s, :, j].numpy(), seen[t], rtol=1e-12,
                                            atol=1e-14, err_msg=f"step {t + 1}")
@@ -146,7 +146,7 @@ def test_sampler_streams_depend_only_on_seed_and_runs_are_deterministic():
     p = synthetic()
     tp = TorchProblem(p)
     topo = Topology.from_paper(world_size=2, local_steps=2)
-    kw = dict(max_steps=400)
+    kw = {"max_steps": 400}
     r1 = simulate(tp, topo, 2, ["constant"], [2.0**-3], [0], 0.0, **kw)
     r2 = simulate(tp, topo, 2, ["constant"], [2.0**-3], [0], 0.0, **kw)
     assert r1.equals(r2)
