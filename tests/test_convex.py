@@ -231,7 +231,16 @@ def test_grid_rule_details():
     assert not gridsearch.is_optimal({0: 1, 1: 5, 2: 3, 3: 4, 4: 6}, 2)  # 2^-2 c better
     assert gridsearch.missing_neighbours({0: 1.0, 1: 2.0}) == [-2, -1, 2]
     assert gridsearch.missing_neighbours({0: math.inf, 1: math.inf}) == [-2, -1, 2, 3]
-    assert gridsearch.best_exponent({0: 2.0, 1: 2.0, 2: 3.0}) == 1  # tie -> larger c
+    assert gridsearch.best_exponent({0: 2.0, 1: 2.0, 2: 3.0}) == 0  # tie -> smaller c
+
+
+def test_grid_search_stops_on_a_plateau_of_large_c():
+    """min(32, c n/(t+1)) is constant 32 for huge c: all large c tie; the search must stop."""
+    def evaluate(points):
+        return {(f, i): float(max(100 - 10 * i, 40)) for f, i in points}
+
+    res = gridsearch.grid_search(evaluate, {"decreasing": [0, 1, 2]})["decreasing"]
+    assert res["best"] == 6 and res["optimal"] and max(res["scores"]) == 8
 
 
 def test_grid_search_on_simulated_problem_obeys_appendix_e_rule():

@@ -149,3 +149,32 @@ def load_w8a_problem(dtype=None) -> tuple[LogisticProblem, TorchProblem]:
     A, b = load_libsvm("w8a")
     problem = LogisticProblem(A, b)
     return problem, TorchProblem(problem, dtype or torch.float64)
+
+
+def fig4_table(tp: TorchProblem, *, K: int, B_locs: Sequence[int], Hs: Sequence[int],
+               seeds: Sequence[int], target: float, **kw) -> pd.DataFrame:
+    """Figure 4: best time per (B_loc, H) at fixed K, and time relative to the best cell."""
+    configs = [Config(K, B, H) for H in Hs for B in B_locs]
+    df = run_configs(tp, configs, seeds, target, **kw)
+    df["time_rel"] = df["time"] / df["time"].min()
+    return df
+
+
+def fig5_table(tp: TorchProblem, *, Ks: Sequence[int], B_loc: int, Hs: Sequence[int],
+               seeds: Sequence[int], target: float, **kw) -> pd.DataFrame:
+    """Figure 5: speed-up time(K=1) / time(K, H) at fixed B_loc.
+
+    With K = 1 averaging is a no-op and costs nothing, so every H is the same run; it is
+    simulated once (H = 1) and shared by all H as the baseline.
+    """
+    base = run_configs(tp, [Config(1, B_loc, 1)], seeds, target, **kw).iloc[0]
+    rows = []
+    for H in Hs:
+        configs = [Config(K, B_loc, H) for K in Ks if K > 1]
+        df = run_configs(tp, configs, seeds, target, **kw) if configs else pd.DataFrame()
+        if 1 in Ks:
+            df = pd.concat([pd.DataFrame([{**base.to_dict(), "H": H}]), df], ignore_index=True)
+        rows.append(df)
+    out = pd.concat(rows, ignore_index=True)
+    out["speedup"] = base["time"] / out["time"]
+    return out

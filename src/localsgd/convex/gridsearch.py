@@ -7,7 +7,9 @@ runs as one vectorized batch.
 
 Ties: a neighbour with the *same* score counts as "not better" (the measured stopping step is
 quantized by the evaluation resolution, so exact ties happen). The smallest score wins; among
-equal scores the larger c wins (a deterministic tie-break, nothing more).
+equal scores the *smaller* c wins. That choice also ends the search on plateaus: for large c the
+decreasing family min(32, c·n/(t+1)) is the constant step 32 over the whole run, so all larger c
+tie and the grid must not chase them upwards.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ NEIGHBOURS = (-2, -1, 1, 2)
 
 
 def best_exponent(scores: Mapping[int, float]) -> int:
-    """Exponent with the lowest score (ties → larger exponent). Scores may be inf."""
-    return min(scores, key=lambda i: (scores[i], -i))
+    """Exponent with the lowest score (ties → smaller exponent). Scores may be inf."""
+    return min(scores, key=lambda i: (scores[i], i))
 
 
 def missing_neighbours(scores: Mapping[int, float]) -> list[int]:
