@@ -141,14 +141,15 @@ def run_configs(tp: TorchProblem, configs: Sequence[Config], seeds: Sequence[int
 
 
 def load_w8a_problem(dtype=None) -> tuple[LogisticProblem, TorchProblem]:
-    """w8a as the Appendix E problem (λ = 1/n) and its torch twin."""
+    """w8a as the Appendix E problem (λ = 1/n) and its torch twin (float32 SGD state by
+    default, see ``simulator``'s note on precision; f is always evaluated in float64)."""
     import torch
 
     from localsgd.data import load_libsvm
 
     A, b = load_libsvm("w8a")
     problem = LogisticProblem(A, b)
-    return problem, TorchProblem(problem, dtype or torch.float64)
+    return problem, TorchProblem(problem, dtype or torch.float32)
 
 
 def fig4_table(tp: TorchProblem, *, K: int, B_locs: Sequence[int], Hs: Sequence[int],
