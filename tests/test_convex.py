@@ -259,3 +259,31 @@ def test_grid_search_on_simulated_problem_obeys_appendix_e_rule():
     for j in (-2, -1, 1, 2):
         assert score[best + j] >= score[best]
     assert row["time"] == row["steps"] * 2 + 25 * row["rounds"]
+
+
+def test_fig_tables_on_synthetic_problem():
+    from localsgd.convex.experiments import fig4_table, fig5_table
+
+    p = synthetic(n=300)
+    tp = TorchProblem(p, torch.float32)
+    target = solve_fstar(p)[0] + 0.02
+    kw = {"seeds": [0], "target": target, "max_steps": 3000}
+    f5 = fig5_table(tp, Ks=[1, 2], B_loc=2, Hs=[1, 2], **kw)
+    assert list(f5.K) == [1, 2, 1, 2] and (f5[f5.K == 1].speedup == 1.0).all()
+    assert np.allclose(f5.speedup, f5.time[f5.K == 1].iloc[0] / f5.time)
+    f4 = fig4_table(tp, K=2, B_locs=[1, 4], Hs=[1, 2], **kw)
+    assert len(f4) == 4 and f4.time_rel.min() == 1.0 and f4.optimal.all()
+
+
+def test_bench_prints_one_json_line(capsys):
+    import json
+
+    from localsgd.convex import bench
+
+    argv = ["--K", "2", "--B-loc", "2", "--step-sizes", "2", "--seeds", "1", "--steps", "3",
+            "--repeats", "1", "--ref-runs", "1", "--data", "synthetic", "--json"]
+    assert bench.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("ours_grads_per_s", "reference_grads_per_s", "speedup", "matmul_flops_per_s",
+                "fraction_of_matmul_peak"):
+        assert out[key] > 0
