@@ -201,12 +201,15 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
            refresh: bool = False, cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Return ``compute()``'s DataFrame, reusing a stored copy for identical ``params``.
 
-    The entry is ``<cache_dir>/<name>-<hash>.csv`` with a ``.json`` of the parameters beside it;
+    The entry is ``<cache_dir>/<name>-<hash of params and package version>.csv`` with a ``.json`` of the parameters beside it;
     both are written atomically, so an interrupted run never leaves a corrupt entry. A corrupt
     entry found anyway (e.g. edited by hand) is recomputed, not trusted.
     """
+    from localsgd import __version__
+
     folder = Path(cache_dir) if cache_dir is not None else cache_root() / "results"
-    entry = folder / f"{name}-{params_hash(params)}.csv"
+    # the package version is part of the key: bump it when a change alters results
+    entry = folder / f"{name}-{params_hash({**params, '__localsgd__': __version__})}.csv"
     if entry.exists() and not refresh:
         try:
             return pd.read_csv(entry)
