@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from localsgd.results import atomic_path
 
 # ----------------------------------------------------------------------------------------------
 # Folders
@@ -47,19 +48,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _atomic_write_bytes(dest: Path, payload: bytes) -> None:
-    """Write via a temporary file in the same folder + rename, so readers never see a torn file."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _download(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
     """Download ``url`` to ``dest`` atomically, refusing content whose sha256 is not ``sha256``."""
     with urllib.request.urlopen(url, timeout=timeout) as resp:
@@ -67,7 +55,8 @@ def _download(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
     got = hashlib.sha256(payload).hexdigest()
     if got != sha256:
         raise ValueError(f"download of {url} has sha256 {got}, expected {sha256}; not saved")
-    _atomic_write_bytes(dest, payload)
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(payload)
     return dest
 
 
@@ -165,16 +154,8 @@ def _npz_load(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _npz_save(path: Path, A: np.ndarray, b: np.ndarray) -> None:
-    # np.savez appends ".npz" to names without it, so write to a named temp file handle.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, A=A, b=b)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a handle: savez would add ".npz"
+        np.savez(fh, A=A, b=b)
 
 
 def load_libsvm(name_or_path: str | Path, *, download: bool = True) -> tuple[np.ndarray, np.ndarray]:

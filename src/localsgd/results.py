@@ -184,13 +184,6 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
 
 
 # --------------------------------------------------------------------------- cache
-def cache_root() -> Path:
-    """``$LOCALSGD_CACHE`` or ``~/.cache/localsgd`` (created on first use)."""
-    root = Path(os.environ.get("LOCALSGD_CACHE") or Path.home() / ".cache" / "localsgd")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
 def params_hash(params: dict[str, Any]) -> str:
     """A stable short hash of an experiment's parameters (key order does not matter)."""
     blob = json.dumps(params, sort_keys=True, default=_jsonable).encode()
@@ -206,8 +199,9 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
     entry found anyway (e.g. edited by hand) is recomputed, not trusted.
     """
     from localsgd import __version__
+    from localsgd.data import cache_dir as default_cache
 
-    folder = Path(cache_dir) if cache_dir is not None else cache_root() / "results"
+    folder = Path(cache_dir) if cache_dir is not None else default_cache() / "results"
     # the package version is part of the key: bump it when a change alters results
     entry = folder / f"{name}-{params_hash({**params, '__localsgd__': __version__})}.csv"
     if entry.exists() and not refresh:
