@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import scipy.sparse
 import torch
 from scipy.special import expit
 
@@ -69,6 +70,67 @@ def step_size(family: str, c: float, t: int, n: int) -> float:
     raise ValueError(f"step-size family {family!r} unknown; valid: {FAMILIES}")
 
 
+try:  # scipy's compiled CSR kernels, called directly: the public wrappers cost more than the
+    # ~20 µs product itself at these sizes; the fallback below computes the same thing
+    from scipy.sparse._sparsetools import csc_matvecs as _csc_kernel
+    from scipy.sparse._sparsetools import csr_matvecs as _csr_kernel
+    from scipy.sparse._sparsetools import csr_row_index as _row_index
+except ImportError:  # pragma: no cover - depends on the scipy build
+    _csc_kernel = _csr_kernel = _row_index = None
+
+
+def _csr_matvecs(n_row, n_col, n_vec, p, cols, vals, x, y) -> None:
+    """y (n_row × n_vec) += X x for X in CSR (``p`` absolute offsets into cols/vals)."""
+    if _csr_kernel is not None:
+        _csr_kernel(n_row, n_col, n_vec, p, cols, vals, x, y)
+        return
+    a, e = int(p[0]), int(p[-1])
+    X = scipy.sparse.csr_array((vals[a:e], cols[a:e], p - a), shape=(n_row, n_col))
+    y += (X @ x.reshape(n_col, n_vec)).reshape(-1)
+
+
+def _csc_matvecs(n_row, n_col, n_vec, p, rows, vals, x, y) -> None:
+    """y (n_row × n_vec) += Xᵀ x for the CSR matrix X (n_col × n_row) of ``_csr_matvecs``."""
+    if _csc_kernel is not None:
+        _csc_kernel(n_row, n_col, n_vec, p, rows, vals, x, y)
+        return
+    a, e = int(p[0]), int(p[-1])
+    X = scipy.sparse.csr_array((vals[a:e], rows[a:e], p - a), shape=(n_col, n_row))
+    y += (X.T @ x.reshape(n_col, n_vec)).reshape(-1)
+
+
+class SparseRows:
+    """The signed rows b_i a_i in CSR (int64 indices) and a gather of sampled rows."""
+
+    def __init__(self, Ab: np.ndarray, dtype: torch.dtype):
+        X = scipy.sparse.csr_array(Ab.astype(torch.empty(0, dtype=dtype).numpy().dtype))
+        self.d = Ab.shape[1]
+        self.indptr = X.indptr.astype(np.int64)
+        self.indices = X.indices.astype(np.int64)
+        self.data = X.data
+        self.nnz_row = np.diff(self.indptr)
+
+    def gather(self, rows: np.ndarray, group: int, groups: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """CSR (indptr, cols, vals) of the rows ``rows``; consecutive runs of ``group`` rows
+        belong to block g = (position // group) mod ``groups`` and get columns g·d + j, so that
+        one product with the stacked blocks ``[groups·d, J]`` serves every (seed, worker)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        lens = self.nnz_row[rows]
+        ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lens, out=ptr[1:])
+        cols = np.empty(ptr[-1], dtype=np.int64)
+        vals = np.empty(ptr[-1], dtype=self.data.dtype)
+        if _row_index is not None:
+            _row_index(len(rows), rows, self.indptr, self.indices, self.data, cols, vals)
+        else:  # pragma: no cover
+            pos = np.arange(ptr[-1]) + np.repeat(self.indptr[rows] - ptr[:-1], lens)
+            cols[:], vals[:] = self.indices[pos], self.data[pos]
+        block = (np.arange(len(rows)) // group) % groups
+        cols += np.repeat(block * self.d, lens)
+        return ptr, cols, vals
+
+
 class TorchProblem:
     """The logistic problem as torch tensors, plus a fast exact full-data objective.
 
@@ -85,6 +147,7 @@ class TorchProblem:
         self.b = torch.from_numpy(problem.b).to(dtype)
         # signed rows b_i a_i: the label then never needs its own gather or multiply
         self.Ab = torch.from_numpy(problem.A * problem.b[:, None]).to(dtype)
+        self.rows = SparseRows(problem.A * problem.b[:, None], dtype)
         rows = np.ascontiguousarray(np.hstack([problem.A, problem.b[:, None]]))
         # rows as opaque byte strings: a 1-D unique is ~10x faster than unique(axis=0)
         keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
@@ -138,26 +201,24 @@ class FixedSampler:
         return self.idx[t0 - 1 : t0 - 1 + steps]
 
 
-def averaging_matrices(topology: Topology, dtype: torch.dtype) -> list[torch.Tensor]:
-    """Per level, the K × K matrix M with (M W)[k] = mean of W over k's group at that level."""
-    K = topology.world_size
-    mats = []
-    for level in range(topology.num_levels):
-        M = torch.zeros(K, K, dtype=dtype)
-        for group in topology.groups(level):
-            g = torch.tensor(group)
-            M[g.unsqueeze(1), g.unsqueeze(0)] = 1.0 / len(group)
-        mats.append(M)
-    return mats
-
-
 class LocalSGDState:
-    """The model stack of a batch of runs and its one-step update.
+    """The model stack of a batch of runs and its one-step update, on sparse rows.
 
-    Models are stored as ``W[S, K, J, d]`` (seed, worker, step size, coordinate) so that both
-    products of a step are plain batched matmuls over (seed, worker) without copies.
-    ``families``/``cs`` (length J) give each step-size column; all seeds share them.
+    Models are stored as ``W[s, k, :, j] = α_j · V[s, k, :, j]`` with V of shape ``[S, K, d, J]``
+    (seed, worker, coordinate, step size) and one scale α_j per step-size column:
+
+    * a sampled row a_i with nnz nonzeros touches nnz contiguous J-vectors of its worker's
+      block of V, so both products of a step are sparse-times-dense kernels costing nnz·J,
+      not d·J (w8a: ~12 of 300 features are nonzero);
+    * the weight decay (1 − γ_t λ) of the regularizer is the same for every seed and worker,
+      so it multiplies α_j instead of all of W (folded back into V when α leaves [1e-6, 1e6]);
+    * averaging is linear and α is shared by all workers, so groups average V directly.
+
+    ``W`` returns the ``[S, K, J, d]`` models. ``families``/``cs`` (length J) give each step-size
+    column; all seeds share them.
     """
+
+    ALPHA_RANGE = (1e-6, 1e6)  # |α| outside: fold α into V (keeps V's magnitude sane)
 
     def __init__(self, tp: TorchProblem, topology: Topology, n_seeds: int,
                  families: Sequence[str], cs: Sequence[float]):
@@ -171,15 +232,23 @@ class LocalSGDState:
         self.K = topology.world_size
         self.S, self.J = n_seeds, len(cs)
         dt = tp.dtype
-        self.W = torch.zeros(self.S, self.K, self.J, tp.d, dtype=dt)  # Appendix E: w0 = 0
-        # per-worker weighted averages; their worker-mean is x̄_t because averaging is linear
-        self.avgW = torch.zeros_like(self.W)
+        self.V = torch.zeros(self.S, self.K, tp.d, self.J, dtype=dt)  # Appendix E: w0 = 0
+        self.alpha = np.ones(self.J)  # float64: products of many decays stay exact enough
+        # x̄_t of the worker-mean model; the worker mean of a step is all the average needs
+        self.avg_mean = torch.zeros(self.S, tp.d, self.J, dtype=dt)
         self.c = np.array([float(c) for c in cs])
         self.is_dec = np.array([f == "decreasing" for f in families])
-        self.mats = averaging_matrices(topology, dt)
+        self.group_sizes = [lv.group_size for lv in topology.levels]
         self.rounds = [0] * topology.num_levels
         self.t = 0
-        self._table_t0, self._decay, self._scale = 1, None, None
+        self._table_t0, self._gamma = 1, None
+        # per-step J-vectors, written through numpy views (no tensor allocations per step)
+        self._m_scale, self._u_scale, self._a_t = (torch.empty(self.J, dtype=dt) for _ in "mua")
+
+    @property
+    def W(self) -> torch.Tensor:
+        """The models as ``[S, K, J, d]``."""
+        return (self.V * torch.from_numpy(self.alpha).to(self.tp.dtype)).transpose(2, 3)
 
     def gammas(self, t: int | np.ndarray) -> np.ndarray:
         """γ_t for every step-size column: (J,) for scalar t, (T, J) for an array of t."""
@@ -187,47 +256,74 @@ class LocalSGDState:
         dec = np.minimum(self.c * (self.tp.n / (t + 1)), STEP_CAP)
         return np.where(self.is_dec, dec, STEP_CAP * self.c)
 
-    def _coefficients(self, t: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(1 − γ_t λ) and γ_t / B for step t, from a table built 1024 steps at a time."""
-        if self._decay is None or not (0 <= t - self._table_t0 < self._decay.shape[0]):
+    def _gamma_t(self, t: int) -> np.ndarray:
+        """γ_t (J,) from a table built 1024 steps at a time."""
+        if self._gamma is None or not (0 <= t - self._table_t0 < self._gamma.shape[0]):
             self._table_t0 = t
-            g = torch.from_numpy(self.gammas(np.arange(t, t + 1024))).to(self.tp.dtype)
-            self._decay = (1.0 - g * self.tp.lam).view(-1, 1, self.J, 1)
-            self._scale = (g / B).view(-1, 1, 1, self.J)
-        i = t - self._table_t0
-        return self._decay[i], self._scale[i]
+            self._gamma = self.gammas(np.arange(t, t + 1024))
+        return self._gamma[t - self._table_t0]
 
     def step(self, idx: torch.Tensor) -> int | None:
-        """One local step on indices ``idx[S, K, B]``, then the schedule's averaging.
+        """One local step on indices ``idx[S, K, B]``, then the schedule's averaging."""
+        return self.run(idx.unsqueeze(0))
 
-        Written as ``w ← (1 − γλ) w + γ/B Σ_i σ(−b_i a_iᵀw) b_i a_i`` (the SGD step on
-        f_i = logistic + λ/2‖w‖²) so that the data term is one fused ``baddbmm``.
+    def run(self, idx: torch.Tensor | np.ndarray) -> int | None:
+        """Local steps on indices ``idx[T, S, K, B]`` (T consecutive steps, each followed by the
+        schedule's averaging); returns the averaging level of the last step.
+
+        Each step is ``w ← (1 − γλ) w + γ/B Σ_i σ(−b_i a_iᵀw) b_i a_i`` (the SGD step on
+        f_i = logistic + λ/2‖w‖²). With W = α V: margins = α · (one CSR × dense product over
+        the signed rows b_i a_i of all (seed, worker) blocks of V); α ← α(1 − γλ); then
+        ``V += γ/(B α) Xᵀ σ(−margins)`` (the transposed product, in place). The rows of all T
+        steps are gathered once (sparse index lists), outside the step loop.
         """
-        self.t += 1
-        t, tp, S, K, J = self.t, self.tp, self.S, self.K, self.J
-        B = idx.shape[-1]
-        decay, scale = self._coefficients(t, B)
-        X = tp.Ab.index_select(0, idx.reshape(-1)).view(S * K, B, tp.d)  # shared by all γ
-        Wf = self.W.view(S * K, J, tp.d)
-        coef = torch.bmm(X, Wf.transpose(1, 2)).neg_().sigmoid_()  # σ(−b aᵀw), (SK, B, J)
-        coef.mul_(scale)
-        Wf.mul_(decay)
-        Wf.baddbmm_(coef.transpose(1, 2), X)
-        level = self.schedule.action(t).level
-        if level is not None:
-            self.W = torch.matmul(self.mats[level], self.W.view(S, K, J * tp.d)).view(self.W.shape)
-            self.rounds[level] += 1
-        self.avgW.lerp_(self.W, 2.0 / (t + 1))  # weights ∝ t
+        tp, S, K, J = self.tp, self.S, self.K, self.J
+        idx = np.asarray(idx, dtype=np.int64)
+        T, B = idx.shape[0], idx.shape[-1]
+        if idx.shape[1:3] != (S, K):
+            raise ValueError(f"indices must be [T, S={S}, K={K}, B]; got {idx.shape}")
+        R, SKd = S * K * B, S * K * tp.d
+        rowptr, cols, vals = tp.rows.gather(idx.reshape(-1), group=B, groups=S * K)
+        margin = torch.empty(R, J, dtype=tp.dtype)
+        m_np, V_np = margin.numpy().reshape(-1), self.V.numpy().reshape(-1)
+        ms, us, at = self._m_scale.numpy(), self._u_scale.numpy(), self._a_t.numpy()
+        lo, hi = self.ALPHA_RANGE
+        level = None
+        for i in range(T):
+            self.t += 1
+            t = self.t
+            gamma = self._gamma_t(t)
+            np.negative(self.alpha, out=ms)
+            p = rowptr[i * R : (i + 1) * R + 1]  # absolute offsets into cols/vals
+            m_np.fill(0.0)
+            _csr_matvecs(R, SKd, J, p, cols, vals, V_np, m_np)  # b aᵀv, (R, J)
+            alpha = self.alpha * (1.0 - gamma * tp.lam)
+            if not (lo < np.abs(alpha).min() and np.abs(alpha).max() < hi):
+                self.V.mul_(torch.from_numpy(alpha).to(tp.dtype))  # fold: W = V from here
+                alpha = np.ones(J)
+            self.alpha = alpha
+            np.divide(gamma / B, alpha, out=us)
+            margin.mul_(self._m_scale).sigmoid_().mul_(self._u_scale)  # γ/(Bα) σ(−b aᵀw)
+            _csc_matvecs(SKd, R, J, p, cols, vals, m_np, V_np)  # V += Xᵀ coef
+            level = self.schedule.action(t).level
+            if level is not None:
+                g = self.group_sizes[level]
+                Vg = self.V.view(S, K // g, g, -1)  # groups are contiguous ranks
+                Vg.copy_(Vg.mean(2, keepdim=True).expand_as(Vg))
+                self.rounds[level] += 1
+            # weights ∝ t; averaging is linear, so x̄ of the worker mean = mean of per-worker x̄
+            np.copyto(at, alpha, casting="same_kind")
+            self.avg_mean.lerp_(self.V.mean(1).mul_(self._a_t), 2.0 / (t + 1))
         return level
 
     def mean_model(self) -> torch.Tensor:
         """Worker-mean model w̄ as ``[S, J, d]``."""
-        return self.W.mean(1)
+        return (self.V.mean(1) * torch.from_numpy(self.alpha).to(self.tp.dtype)).transpose(1, 2)
 
     @property
     def avg(self) -> torch.Tensor:
         """Weighted average of the iterates x̄_t (weights ∝ t) as ``[S, J, d]``."""
-        return self.avgW.mean(1)
+        return self.avg_mean.transpose(1, 2)
 
 
 def simulate(
@@ -276,7 +372,9 @@ def simulate(
         if idx_buf is None or t + 1 >= buf_t0 + idx_buf.shape[0]:
             buf_t0 = t + 1
             idx_buf = sampler.chunk(buf_t0, min(chunk, max_steps - t))
-        state.step(idx_buf[t + 1 - buf_t0])
+        # every step up to the next evaluation (or the end of the buffer) in one call
+        stop = min(next_eval, buf_t0 + idx_buf.shape[0] - 1)
+        state.run(idx_buf[t + 1 - buf_t0 : stop + 1 - buf_t0])
         t = state.t
         if t < next_eval:
             continue
