@@ -247,9 +247,6 @@ class LocalSGDState:
         self.group_sizes = [lv.group_size for lv in topology.levels]
         self.rounds = [0] * topology.num_levels
         self.t = 0
-        self._table_t0, self._gamma = 1, None
-        # per-step J-vectors, written through numpy views (no tensor allocations per step)
-        self._m_scale, self._u_scale, self._a_t = (torch.empty(self.J, dtype=dt) for _ in "mua")
 
     @property
     def W(self) -> torch.Tensor:
@@ -262,12 +259,37 @@ class LocalSGDState:
         dec = np.minimum(self.c * (self.tp.n / (t + 1)), STEP_CAP)
         return np.where(self.is_dec, dec, STEP_CAP * self.c)
 
-    def _gamma_t(self, t: int) -> np.ndarray:
-        """γ_t (J,) from a table built 1024 steps at a time."""
-        if self._gamma is None or not (0 <= t - self._table_t0 < self._gamma.shape[0]):
-            self._table_t0 = t
-            self._gamma = self.gammas(np.arange(t, t + 1024))
-        return self._gamma[t - self._table_t0]
+    def _scales(self, T: int, B: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+        """For the next T steps: −α before each step (scales the margins), γ/(Bα) and α after
+        it (each (T, J)), and {step: factor} where α is folded into V (α leaves ALPHA_RANGE)."""
+        gamma = self.gammas(np.arange(self.t + 1, self.t + T + 1))
+        decay = 1.0 - gamma * self.tp.lam
+        before, after, folds = np.empty((T, self.J)), np.empty((T, self.J)), {}
+        lo, hi = self.ALPHA_RANGE
+        alpha, i = self.alpha, 0
+        while i < T:
+            with np.errstate(over="ignore", invalid="ignore"):
+                seg = alpha * np.cumprod(decay[i:], axis=0)
+            mag = np.abs(seg)
+            bad = ~((mag.min(1) > lo) & (mag.max(1) < hi))
+            k = int(bad.argmax()) if bad.any() else len(seg)
+            after[i : i + k] = seg[:k]
+            before[i] = alpha
+            before[i + 1 : i + k + 1] = seg[: min(k, T - i - 1)]
+            if k == len(seg):
+                alpha = seg[-1]
+                break
+            # fold at step i + k: V ← (α before it)·(1 − γλ)·V, then α = 1
+            fold = (seg[k - 1] if k else alpha) * decay[i + k]
+            folds[i + k] = torch.from_numpy(fold).to(self.tp.dtype)
+            after[i + k] = 1.0
+            alpha, i = np.ones(self.J), i + k + 1
+            if i < T:
+                before[i] = alpha
+        self.alpha = after[-1].copy()
+        dt = self.tp.dtype
+        return (torch.from_numpy(-before).to(dt), torch.from_numpy(gamma / B / after).to(dt),
+                torch.from_numpy(after).to(dt), folds)
 
     def step(self, idx: torch.Tensor) -> int | None:
         """One local step on indices ``idx[S, K, B]``, then the schedule's averaging."""
@@ -292,34 +314,30 @@ class LocalSGDState:
         rowptr, cols, vals = tp.rows.gather(idx.reshape(-1), group=B, groups=S * K)
         margin = torch.empty(R, J, dtype=tp.dtype)
         m_np, V_np = margin.numpy().reshape(-1), self.V.numpy().reshape(-1)
-        ms, us, at = self._m_scale.numpy(), self._u_scale.numpy(), self._a_t.numpy()
-        lo, hi = self.ALPHA_RANGE
+        m_scale, u_scale, alpha, folds = self._scales(T, B)
+        levels = [self.schedule.action(t).level for t in range(self.t + 1, self.t + T + 1)]
+        # worker mean by a (1 × K) product: cheaper than a reduction over a middle dimension
+        mean_k = torch.full((S, 1, K), 1.0 / K, dtype=tp.dtype)
+        V3 = self.V.view(S, K, -1)
         level = None
         for i in range(T):
             self.t += 1
-            t = self.t
-            gamma = self._gamma_t(t)
-            np.negative(self.alpha, out=ms)
             p = rowptr[i * R : (i + 1) * R + 1]  # absolute offsets into cols/vals
             m_np.fill(0.0)
             _csr_matvecs(R, SKd, J, p, cols, vals, V_np, m_np)  # b aᵀv, (R, J)
-            alpha = self.alpha * (1.0 - gamma * tp.lam)
-            if not (lo < np.abs(alpha).min() and np.abs(alpha).max() < hi):
-                self.V.mul_(torch.from_numpy(alpha).to(tp.dtype))  # fold: W = V from here
-                alpha = np.ones(J)
-            self.alpha = alpha
-            np.divide(gamma / B, alpha, out=us)
-            margin.mul_(self._m_scale).sigmoid_().mul_(self._u_scale)  # γ/(Bα) σ(−b aᵀw)
+            if i in folds:
+                self.V.mul_(folds[i])  # W = V from here (α = 1)
+            margin.mul_(m_scale[i]).sigmoid_().mul_(u_scale[i])  # γ/(Bα) σ(−b aᵀw)
             _csc_matvecs(SKd, R, J, p, cols, vals, m_np, V_np)  # V += Xᵀ coef
-            level = self.schedule.action(t).level
+            level = levels[i]
             if level is not None:
                 g = self.group_sizes[level]
                 Vg = self.V.view(S, K // g, g, -1)  # groups are contiguous ranks
                 Vg.copy_(Vg.mean(2, keepdim=True).expand_as(Vg))
                 self.rounds[level] += 1
             # weights ∝ t; averaging is linear, so x̄ of the worker mean = mean of per-worker x̄
-            np.copyto(at, alpha, casting="same_kind")
-            self.avg_mean.lerp_(self.V.mean(1).mul_(self._a_t), 2.0 / (t + 1))
+            mv = torch.bmm(mean_k, V3).view(S, tp.d, J).mul_(alpha[i])
+            self.avg_mean.lerp_(mv, 2.0 / (self.t + 1))
         return level
 
     def mean_model(self) -> torch.Tensor:
