@@ -123,6 +123,36 @@ def test_vectorized_equals_reference_step_for_step(topology):
                                            atol=1e-14, err_msg=f"step {t + 1}")
 
 
+def test_lazy_decay_folds_match_reference():
+    """W = α V with α folded into V whenever it leaves ALPHA_RANGE: with a range so narrow that
+    it folds every few steps (and blocks of steps of different lengths), still the reference."""
+    p = synthetic()
+    tp = TorchProblem(p)
+    topology = Topology.from_paper(world_size=4, local_steps=2, block_size=2, block_steps=2)
+    S, K, B, T = 2, 4, 3, 17
+    fams, cs = ["decreasing", "constant"], [2.0**-2, 2.0**-3]
+    idx = np.random.default_rng(7).integers(p.n, size=(T, S, K, B))
+    state = LocalSGDState(tp, topology, S, fams, cs)
+    state.ALPHA_RANGE = (0.9, 1.1)
+    folds = []
+    scales = state._scales
+
+    def counting_scales(T, B):
+        out = scales(T, B)
+        folds.append(len(out[3]))
+        return out
+
+    state._scales = counting_scales
+    for a, e in [(0, 1), (1, 6), (6, 7), (7, 17)]:
+        state.run(idx[a:e])
+    assert sum(folds) >= 3, folds
+    for s in range(S):
+        for j, (fam, c) in enumerate(zip(fams, cs)):
+            W = reference_local_sgd(p, topology, fam, c, idx[:, s])
+            np.testing.assert_allclose(state.W[s, :, j].numpy(), W, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(state.mean_model().numpy(), state.W.mean(1).numpy(), rtol=1e-12)
+
+
 def test_h1_local_sgd_is_minibatch_sgd_with_batch_K_times_B():
     p = synthetic()
     tp = TorchProblem(p)
