@@ -255,6 +255,19 @@ def test_grid_extends_until_four_neighbours_are_worse():
     assert len(calls) > 2  # it had to extend several times
 
 
+def test_grid_extends_a_family_whose_whole_start_window_failed():
+    """A family that missed the target everywhere in its first window is searched further even
+    when the other family converged: its optimum may lie outside the window and win."""
+    def evaluate(points):
+        return {(f, i): (20.0 if f == "decreasing" else
+                         math.inf if i < 5 else 10.0 + (i - 7) ** 2) for f, i in points}
+
+    res = gridsearch.grid_search(evaluate, {"decreasing": [-2, -1, 0, 1, 2],
+                                            "constant": [-2, -1, 0, 1, 2]})
+    assert res["constant"]["best"] == 7 and res["constant"]["optimal"]
+    assert res["constant"]["score"] < res["decreasing"]["score"]
+
+
 def test_grid_rule_details():
     assert gridsearch.is_optimal({1: 5, 2: 3, 3: 4, 4: 6, 0: 9}, 2)
     assert not gridsearch.is_optimal({1: 5, 2: 3, 3: 4, 4: 6}, 2)  # 2^-2 c not evaluated

@@ -54,9 +54,9 @@ def grid_search(
     ``evaluate(points)`` scores a list of (family, exponent) points (lower is better, inf = did
     not reach the target) in one batch. ``initial`` maps each family to its first exponents.
     Returns per family ``{"best": i, "score": s, "scores": {i: s}, "optimal": bool}``;
-    ``optimal`` is False when ``bounds`` or ``max_rounds`` stopped the extension, or when no
-    point of the family reached the target while another family did (with pruning by the best
-    score over all families, such a family cannot win, so it is not extended further).
+    ``optimal`` is False when ``bounds`` or ``max_rounds`` stopped the extension. A family none
+    of whose points reached the target keeps extending on both sides even when another family
+    did: its starting window may simply lie far from its optimum, which could still win.
     """
     scores: dict[str, dict[int, float]] = {fam: {} for fam in initial}
     todo = [(fam, int(i)) for fam, grid in initial.items() for i in grid]
@@ -65,12 +65,8 @@ def grid_search(
             break
         for key, value in evaluate(todo).items():
             scores[key[0]][key[1]] = float(value)
-        todo = []
-        any_finite = any(math.isfinite(v) for sc in scores.values() for v in sc.values())
-        for fam, sc in scores.items():
-            if any_finite and all(math.isinf(v) for v in sc.values()):
-                continue  # family lost to another one under the pruning cap: not competitive
-            todo += [(fam, i) for i in missing_neighbours(sc) if bounds[0] <= i <= bounds[1]]
+        todo = [(fam, i) for fam, sc in scores.items() for i in missing_neighbours(sc)
+                if bounds[0] <= i <= bounds[1]]
     out = {}
     for fam, sc in scores.items():
         i = best_exponent(sc)
