@@ -9,8 +9,11 @@ excluded from both: this measures the SGD engine.
 The reference is timed on ``--ref-runs`` of the S·J runs (its cost is linear in runs) and checked
 to produce the simulator's models.
 
-Useful flops of one stochastic gradient: 4·d (a_iᵀw and the rank-1 accumulation, 2 flops per
-multiply-add), compared with a square ``torch.mm`` measured in the same process and dtype.
+Dense-equivalent flops of one stochastic gradient: 4·d (a_iᵀw and the rank-1 accumulation, 2
+flops per multiply-add), compared with a square ``torch.mm`` measured in the same process and
+dtype. The simulator does only ~4·nnz(a_i) of them (sparse rows), so
+``fraction_of_matmul_peak`` says how fast it is next to a dense engine at matmul peak, not how
+busy the FPU is.
 Prints one JSON line (medians over ``--repeats``).
 """
 
