@@ -35,10 +35,10 @@ Choices (Appendix E leaves them open; stated here and in the figure CSVs):
 Precision: the SGD state may be float32 or float64 (``TorchProblem(dtype=...)``); f is always
 evaluated in float64. The figures use float32: the stopping test needs f to ~1e-4 absolute
 (ε = 0.005), SGD noise dwarfs float32 round-off, and float32 halves the bytes the sparse
-kernels move. Checked on w8a (with the earlier dense engine; re-checked with the sparse one for
-(16, 16, 16) and (16, 1, 4), where the old and new engines in both dtypes agree exactly): for (K, B_loc, H) =
-(16, 16, 16), (16, 1, 4), (16, 256, 1), 3 step sizes × 2 seeds, float32 and float64 give the
-same stopping step in every run and f within 6e-5. Tests use float64, where the simulator
+kernels move. Checked on w8a: for (K, B_loc, H) = (16, 16, 16), (16, 1, 4), (16, 256, 1),
+3 step sizes × 2 seeds, float32 and float64 give the same stopping step in every run and f
+within 6e-5 (earlier dense engine); for (16, 16, 16) and (16, 1, 4) the sparse engine gives
+the dense engine's stopping steps in both dtypes. Tests use float64, where the simulator
 matches the NumPy reference to round-off.
 """
 
