@@ -154,7 +154,8 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
 
     Writes ``<out_dir>/<fig_id>.{png,pdf,csv,json}`` and, when ``compare`` is given,
     ``<fig_id>.compare.csv`` with columns ``artifact, setting, metric, value`` (+ ``unit``,
-    ``note``) keyed exactly like ``papers/*/reported.csv``.
+    ``note``, and per row ``scale``/``rel_tol`` when they differ from the figure's) keyed exactly
+    like ``papers/*/reported.csv``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +179,13 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
         for col in ("unit", "note"):
             if col not in cmp.columns:
                 cmp[col] = ""
-        cmp["mode"], cmp["scale"], cmp["figure"] = mode, scale, fig_id
+        # a row may carry its own scale (an exact quantity inside a reduced-scale figure) and
+        # rel_tol (how close to the source counts as reproduced; report.DEFAULT_REL_TOL if unset)
+        cmp["scale"] = cmp["scale"].fillna(scale) if "scale" in cmp.columns else scale
+        bad = sorted(set(cmp["scale"]) - set(SCALES))
+        if bad:
+            raise ValueError(f"compare rows for {fig_id} have scale {bad}; use one of {SCALES}")
+        cmp["mode"], cmp["figure"] = mode, fig_id
         written.append(write_csv(cmp, out / f"{fig_id}.compare.csv"))
     return written
 
