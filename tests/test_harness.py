@@ -41,8 +41,18 @@ def test_no_stray_params_folders():
     assert folders == set(IDS)
 
 
+def _needs_missing_w8a(nb_id: str) -> bool:
+    """True for a notebook that loads w8a when no local copy exists (offline runs skip it)."""
+    from localsgd.data import data_dirs
+
+    uses = "load_w8a" in (NOTEBOOKS / f"{nb_id}.ipynb").read_text()
+    return uses and not any((d / "w8a").is_file() for d in data_dirs())
+
+
 @pytest.mark.parametrize("nb_id", IDS)
 def test_notebook_runs_in_smoke_mode(nb_id, tmp_path):
+    if _needs_missing_w8a(nb_id):
+        pytest.skip("w8a not available locally (set LOCALSGD_DATA); CI provides it")
     out = tmp_path / "figures"
     code = main(["reproduce", "--mode", "smoke", "--only", nb_id, "--out-dir", str(out),
                  "--build-dir", str(tmp_path / "build")])

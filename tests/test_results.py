@@ -93,3 +93,28 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     assert table.loc["y", "status"] == report.STATUS_NONE
     text = report.write_report(papers, figs).read_text()
     assert "## src1" in text and "| Table 3 | H=1 | syncs | 15 |" in text
+
+
+def test_report_prefers_paper_mode_and_rejects_same_mode_clashes(tmp_path):
+    papers, figs = tmp_path / "papers", tmp_path / "figures"
+    (papers / "s").mkdir(parents=True)
+    pd.DataFrame({"artifact": ["Figure 4"], "setting": ["a"], "metric": ["ratio"], "value": [2.0],
+                  "unit": ["x"], "note": [""]}).to_csv(papers / "s" / "reported.csv", index=False)
+    row = {"artifact": ["Figure 4"], "setting": ["a"], "metric": ["ratio"]}
+    results.save_figure("f", None, pd.DataFrame({"v": [1]}), out_dir=figs, params={},
+                        mode="quick", scale="reduced", compare=pd.DataFrame({**row, "value": [1.9]}))
+    results.save_figure("f", None, pd.DataFrame({"v": [1]}), out_dir=figs / "paper", params={},
+                        mode="paper", scale="full", compare=pd.DataFrame({**row, "value": [1.5]}))
+    table = report.joined(papers, figs)
+    assert len(table) == 1 and table["ours"].iloc[0] == 1.5
+    assert table["status"].iloc[0] == report.STATUS_DIFFERS
+    results.save_figure("g", None, pd.DataFrame({"v": [1]}), out_dir=figs, params={},
+                        mode="quick", scale="reduced", compare=pd.DataFrame({**row, "value": [1.8]}))
+    with pytest.raises(ValueError, match="same number in the same mode"):
+        report.joined(papers, figs)
+    with pytest.raises(ValueError, match="no <source>/reported.csv"):
+        report.load_reported(tmp_path / "nowhere")
+
+
+def test_cache_key_includes_the_code():
+    assert len(results.code_hash()) == 16 and results.code_hash() == results.code_hash()

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             module = importlib.import_module(BENCHES[args.name])
             return int(module.main(args.args) or 0)
-    except HarnessError as exc:
+    except (HarnessError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 2

@@ -22,34 +22,48 @@ STATUS_FULL = "reproduced at full scale"
 STATUS_DIFFERS = "full scale, differs from the source"
 STATUS_REDUCED = "reduced scale, indicative only"
 STATUS_SMOKE = "smoke run only (not a result)"
+STATUS_QUALITATIVE = "full scale, qualitative (see note)"
 STATUS_NONE = "not yet"
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
 
 
 def load_reported(papers_dir: Path) -> pd.DataFrame:
     """All sources' reported numbers, with a ``source`` column (the folder name)."""
+    csvs = sorted(papers_dir.glob("*/reported.csv"))
+    if not csvs:
+        raise ValueError(f"no <source>/reported.csv under {papers_dir}; pass the repository's "
+                         "papers/ folder (--papers)")
     frames = []
-    for csv in sorted(papers_dir.glob("*/reported.csv")):
+    for csv in csvs:
         df = pd.read_csv(csv, dtype={"setting": str, "metric": str, "unit": str, "note": str})
         missing = [c for c in REPORTED_COLUMNS if c not in df.columns]
         if missing:
             raise ValueError(f"{csv}: missing columns {missing}; expected {REPORTED_COLUMNS}")
         df.insert(0, "source", csv.parent.name)
         frames.append(df)
-    if not frames:
-        return pd.DataFrame(columns=["source", *REPORTED_COLUMNS])
     return pd.concat(frames, ignore_index=True)
 
 
 def load_ours(figures_dir: Path) -> pd.DataFrame:
-    """Every figure's comparison rows (``<id>.compare.csv``)."""
-    frames = [pd.read_csv(p, dtype={"setting": str, "metric": str})
-              for p in sorted(figures_dir.glob("*.compare.csv"))]
-    cols = [*KEY, "value", "mode", "scale", "rel_tol", "figure"]
+    """Every figure's comparison rows: ``<id>.compare.csv`` in ``figures_dir`` and in its
+    ``paper/`` subfolder (paper-mode runs). When both hold a number, the paper-mode one is used.
+    """
+    paths = sorted(figures_dir.glob("*.compare.csv")) + sorted(
+        (figures_dir / "paper").glob("*.compare.csv"))
+    frames = [pd.read_csv(p, dtype={"setting": str, "metric": str}).assign(path=str(p))
+              for p in paths]
+    cols = [*KEY, "value", "mode", "scale", "rel_tol", "figure", "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     ours = pd.concat(frames, ignore_index=True)
-    return ours[[c for c in cols if c in ours.columns]]
+    ours = ours[[c for c in cols if c in ours.columns]]
+    rank = ours["mode"].map({"paper": 0, "quick": 1, "smoke": 2}).fillna(3)
+    ours = ours.assign(_rank=rank).sort_values("_rank", kind="stable")
+    clash = ours[ours.duplicated([*KEY, "_rank"], keep=False)]
+    if len(clash):
+        raise ValueError("two figures report the same number in the same mode: "
+                         + "; ".join(sorted(set(clash["path"]))) + " — rename one's setting")
+    return ours.drop_duplicates(KEY).drop(columns="_rank")
 
 
 def _status(row: pd.Series) -> str:
@@ -61,7 +75,7 @@ def _status(row: pd.Series) -> str:
         return STATUS_REDUCED
     ours, source = pd.to_numeric(row.get("ours"), errors="coerce"), row.get("value")
     if pd.isna(source) or pd.isna(ours):
-        return STATUS_DIFFERS
+        return STATUS_QUALITATIVE
     tol = row.get("rel_tol")
     tol = DEFAULT_REL_TOL if pd.isna(tol) else float(tol)
     agree = ours == source or (source != 0 and abs(ours / source - 1) <= tol)
@@ -92,7 +106,7 @@ def joined(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
 
 def figure_index(figures_dir: Path) -> pd.DataFrame:
     rows = []
-    for side in sorted(figures_dir.glob("*.json")):
+    for side in sorted(figures_dir.glob("*.json")) + sorted((figures_dir / "paper").glob("*.json")):
         try:
             meta = json.loads(side.read_text())
         except json.JSONDecodeError:
@@ -132,8 +146,8 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
          "reproduction; **" + STATUS_NONE + "** — no notebook produces this number yet."),
         "",
         "Summary: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in
-                                (STATUS_FULL, STATUS_DIFFERS, STATUS_REDUCED, STATUS_SMOKE,
-                                 STATUS_NONE)) + ".",
+                                (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE,
+                                 STATUS_REDUCED, STATUS_SMOKE, STATUS_NONE)) + ".",
         "",
         "## Figures",
         "",

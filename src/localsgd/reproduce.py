@@ -81,7 +81,8 @@ def parameters_cell_names(nb_path: Path) -> dict[str, Any]:
 def discover(notebooks_dir: Path) -> dict[str, Path]:
     """All notebook ids in ``notebooks_dir`` (sorted), mapped to their paths."""
     if not notebooks_dir.is_dir():
-        raise HarnessError(f"notebook folder {notebooks_dir} does not exist")
+        raise HarnessError(f"notebook folder {notebooks_dir} does not exist; run from a source "
+                           "checkout (pip install -e .) or pass --notebooks/--out-dir")
     return {p.stem: p for p in sorted(notebooks_dir.glob("*.ipynb"))}
 
 

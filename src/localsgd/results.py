@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -191,6 +192,16 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
 
 
 # --------------------------------------------------------------------------- cache
+@functools.cache
+def code_hash() -> str:
+    """Hash of every ``.py`` file of the installed ``localsgd`` package (names and contents)."""
+    package = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def params_hash(params: dict[str, Any]) -> str:
     """A stable short hash of an experiment's parameters (key order does not matter)."""
     blob = json.dumps(params, sort_keys=True, default=_jsonable).encode()
@@ -201,16 +212,15 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
            refresh: bool = False, cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Return ``compute()``'s DataFrame, reusing a stored copy for identical ``params``.
 
-    The entry is ``<cache_dir>/<name>-<hash of params and package version>.csv`` with a ``.json`` of the parameters beside it;
+    The entry is ``<cache_dir>/<name>-<hash of params and of the package's code>.csv`` with a ``.json`` of the parameters beside it;
     both are written atomically, so an interrupted run never leaves a corrupt entry. A corrupt
     entry found anyway (e.g. edited by hand) is recomputed, not trusted.
     """
-    from localsgd import __version__
     from localsgd.data import cache_dir as default_cache
 
     folder = Path(cache_dir) if cache_dir is not None else default_cache() / "results"
-    # the package version is part of the key: bump it when a change alters results
-    entry = folder / f"{name}-{params_hash({**params, '__localsgd__': __version__})}.csv"
+    # the package's code is part of the key: any change to it may change results
+    entry = folder / f"{name}-{params_hash({**params, '__code__': code_hash()})}.csv"
     if entry.exists() and not refresh:
         try:
             return pd.read_csv(entry)
