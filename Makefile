@@ -19,4 +19,5 @@ reproduce: $(STAMP)
 	$(BIN)/localsgd reproduce --mode $(MODE)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 tests
+	# two xdist workers on two cores: one BLAS/OpenMP thread each avoids oversubscription
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 tests
