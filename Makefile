@@ -18,6 +18,6 @@ $(STAMP): pyproject.toml
 reproduce: $(STAMP)
 	$(BIN)/localsgd reproduce --mode $(MODE)
 
+# two xdist workers on two cores: one OpenMP thread each avoids oversubscription
 test: $(STAMP)
-	# two xdist workers on two cores: one BLAS/OpenMP thread each avoids oversubscription
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 tests
