@@ -59,9 +59,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
                     cwd=args.notebooks.resolve().parent, kernel=args.kernel)
     print(h.summary_table(results))
-    if not args.no_report:
-        papers = args.notebooks.resolve().parent / "papers"
+    papers = args.notebooks.resolve().parent / "papers"
+    if not args.no_report and papers.is_dir():
         print(f"report: {write_report(papers, out_dir)}")
+    elif not args.no_report:
+        print(f"no {papers} beside the notebooks: REPORT.md not written")
     failed = [r.id for r in results if r.status != "ok"]
     if failed:
         print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
