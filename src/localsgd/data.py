@@ -10,34 +10,17 @@ Sections: folders · LIBSVM (w8a, the convex experiments of §3.4 / Appendix E) 
 from __future__ import annotations
 
 import hashlib
-import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from localsgd.results import atomic_path
+from localsgd.paths import atomic_path, cache_dir, data_dirs  # data.cache_dir/data_dirs are public
 
 # ----------------------------------------------------------------------------------------------
 # Folders
 # ----------------------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    """Writable cache folder: ``$LOCALSGD_CACHE`` or ``~/.cache/localsgd`` (created)."""
-    path = Path(os.environ.get("LOCALSGD_CACHE") or Path.home() / ".cache" / "localsgd")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def data_dirs() -> list[Path]:
-    """Folders searched for data files: ``$LOCALSGD_DATA`` first (if set), then ``cache_dir()``."""
-    dirs = []
-    if os.environ.get("LOCALSGD_DATA"):
-        dirs.append(Path(os.environ["LOCALSGD_DATA"]).expanduser())
-    dirs.append(cache_dir())
-    return dirs
 
 
 def sha256_file(path: Path) -> str:

@@ -9,7 +9,6 @@ has numbers to put beside a source's own, it writes ``<id>.compare.csv`` keyed l
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
 import functools
 import hashlib
@@ -18,12 +17,14 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from localsgd import paths
+from localsgd.paths import atomic_path  # re-exported: results.atomic_path is public
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
 SCALES = ("full", "reduced")
@@ -32,24 +33,6 @@ _VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "m
 
 
 # --------------------------------------------------------------------------- atomic writes
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only on success.
-
-    A reader never sees a half-written file, and an interrupted run leaves the old file intact.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, path)
-    finally:
-        tmp_path.unlink(missing_ok=True)
-
-
 def write_text(path: str | os.PathLike, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
@@ -216,9 +199,7 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
     both are written atomically, so an interrupted run never leaves a corrupt entry. A corrupt
     entry found anyway (e.g. edited by hand) is recomputed, not trusted.
     """
-    from localsgd.data import cache_dir as default_cache
-
-    folder = Path(cache_dir) if cache_dir is not None else default_cache() / "results"
+    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir() / "results"
     # the package's code is part of the key: any change to it may change results
     entry = folder / f"{name}-{params_hash({**params, '__code__': code_hash()})}.csv"
     if entry.exists() and not refresh:
