@@ -1,0 +1,408 @@
+"""The paper's image models, their initialization, weight-decay groups and size/cost counts.
+
+Lin, Stich, Jaggi (2020) §4.1 "Models" trains ResNet-20 on CIFAR-10/100, ResNet-50 on
+ImageNet-1k, and DenseNet-40-12 and WideResNet-28-10 on CIFAR (Appendix F.1, Table 4 lists their
+parameters and flops per image). Architectures are written from their own papers:
+
+- ResNet-20: He et al. (2016a) "Deep Residual Learning for Image Recognition", §4.2 — a 3×3
+  stem, 3 stages of n = 3 basic blocks (conv-BN-ReLU-conv-BN + shortcut, ReLU) with 16/32/64
+  filters on 32/16/8 maps, global average pooling, fully connected classifier. Shortcuts are
+  option A (identity; stride-2 subsampling plus zero channels when the width grows), the variant
+  He et al. use on CIFAR and whose 0.27 M parameters Table 4 prints.
+- DenseNet-40-12: Huang et al. (2017) "Densely Connected Convolutional Networks", §3-4 — the
+  plain DenseNet (no bottleneck, no compression): 3 dense blocks of 12 BN-ReLU-Conv3×3 layers
+  with growth rate k = 12, transitions BN-ReLU-Conv1×1 (c → c) + 2×2 average pooling. The stem
+  has 2k = 24 channels: Huang et al. give 16 for this variant (2k only for DenseNet-BC), but
+  only 24 reproduces Table 4 (1.06 M / 1.10 M parameters, 0.28 B multiply-adds); a 16-channel
+  stem gives 1.02 M / 1.06 M and 0.265 B.
+- WideResNet-28-10: Zagoruyko & Komodakis (2016) "Wide Residual Networks" — pre-activation
+  basic blocks B(3,3), 4 per group, widths 16·k/32·k/64·k with k = 10, 1×1 conv shortcuts where
+  the shape changes, no dropout.
+- ResNet-50: ``torchvision.models.resnet50`` as is (note: torchvision's "v1.5" puts the stride
+  on the 3×3 conv of each bottleneck, the original puts it on the first 1×1; same parameters,
+  more multiply-adds).
+
+§4.1 "Model initialization": He et al. (2015) normal init for convolutions, N(0, 0.01) for the
+fully connected layer (following Goyal et al., 2017), and no weight decay on BatchNorm
+coefficients (following He et al., 2016a).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+MODEL_NAMES = ("resnet20", "densenet40_12", "wrn28_10", "resnet50")
+
+
+def _ch(channels: float) -> int:
+    """A scaled channel count: rounded, at least 1."""
+    return max(1, round(channels))
+
+
+# --------------------------------------------------------------------------- ResNet-20
+class _BasicBlock(nn.Module):
+    """He et al. (2016a) basic block, post-activation, option-A (parameter-free) shortcut."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.stride, self.extra = stride, c_out - c_in
+
+    def shortcut(self, x: Tensor) -> Tensor:
+        if self.stride != 1:
+            x = x[:, :, :: self.stride, :: self.stride]
+        if self.extra:
+            lo = self.extra // 2  # zero channels on both sides, as in He et al.'s option A
+            x = F.pad(x, (0, 0, 0, 0, lo, self.extra - lo))
+        return x
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + self.shortcut(x))
+
+
+class ResNetCifar(nn.Module):
+    """He et al. (2016a) §4.2 CIFAR ResNet with 6n + 2 layers (n = 3: ResNet-20)."""
+
+    def __init__(self, n: int = 3, num_classes: int = 10, width: float = 1.0):
+        super().__init__()
+        widths = [_ch(16 * width), _ch(32 * width), _ch(64 * width)]
+        self.conv1 = nn.Conv2d(3, widths[0], 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        blocks, c_in = [], widths[0]
+        for stage, c_out in enumerate(widths):
+            for i in range(n):
+                blocks.append(_BasicBlock(c_in, c_out, 2 if stage > 0 and i == 0 else 1))
+                c_in = c_out
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.blocks(F.relu(self.bn1(self.conv1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# --------------------------------------------------------------------------- DenseNet-40-12
+class _DenseLayer(nn.Module):
+    """Huang et al. (2017) composite function H_l = BN-ReLU-Conv3×3, output concatenated."""
+
+    def __init__(self, c_in: int, growth: int):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(c_in)
+        self.conv = nn.Conv2d(c_in, growth, 3, padding=1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.cat([x, self.conv(F.relu(self.bn(x)))], dim=1)
+
+
+class _Transition(nn.Module):
+    """BN-ReLU-Conv1×1 (no compression: DenseNet, not -BC) + 2×2 average pooling."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.bn = nn.BatchNorm2d(c)
+        self.conv = nn.Conv2d(c, c, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.avg_pool2d(self.conv(F.relu(self.bn(x))), 2)
+
+
+class DenseNetCifar(nn.Module):
+    """Huang et al. (2017) DenseNet for CIFAR: depth L = 3·layers + 4 (40 → 12 layers/block).
+
+    ``stem`` defaults to 2·growth, the width that reproduces Table 4 (see the module docstring).
+    """
+
+    def __init__(self, depth: int = 40, growth: int = 12, num_classes: int = 10,
+                 stem: int | None = None):
+        super().__init__()
+        if (depth - 4) % 3:
+            raise ValueError(f"DenseNet depth must be 3·m + 4, got {depth}")
+        per_block = (depth - 4) // 3
+        stem = 2 * growth if stem is None else stem
+        self.conv1 = nn.Conv2d(3, stem, 3, padding=1, bias=False)
+        layers: list[nn.Module] = []
+        c = stem
+        for block in range(3):
+            for _ in range(per_block):
+                layers.append(_DenseLayer(c, growth))
+                c += growth
+            if block < 2:
+                layers.append(_Transition(c))
+        self.features = nn.Sequential(*layers)
+        self.bn = nn.BatchNorm2d(c)
+        self.fc = nn.Linear(c, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.bn(self.features(self.conv1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# --------------------------------------------------------------------------- WRN-28-10
+class _WideBlock(nn.Module):
+    """Zagoruyko & Komodakis (2016) pre-activation block B(3,3); 1×1 conv shortcut on a shape
+    change, fed (like the residual branch) by the pre-activated input."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(c_in)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.proj = (nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+                     if stride != 1 or c_in != c_out else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = F.relu(self.bn1(x))
+        out = self.conv2(F.relu(self.bn2(self.conv1(a))))
+        return out + (x if self.proj is None else self.proj(a))
+
+
+class WideResNet(nn.Module):
+    """WRN-d-k: depth d = 6·N + 4 (28 → N = 4 blocks per group), widen factor k."""
+
+    def __init__(self, depth: int = 28, k: float = 10, num_classes: int = 10,
+                 width: float = 1.0):
+        super().__init__()
+        if (depth - 4) % 6:
+            raise ValueError(f"WideResNet depth must be 6·N + 4, got {depth}")
+        n = (depth - 4) // 6
+        stem = _ch(16 * width)
+        widths = [_ch(16 * k * width), _ch(32 * k * width), _ch(64 * k * width)]
+        self.conv1 = nn.Conv2d(3, stem, 3, padding=1, bias=False)
+        blocks, c_in = [], stem
+        for group, c_out in enumerate(widths):
+            for i in range(n):
+                blocks.append(_WideBlock(c_in, c_out, 2 if group > 0 and i == 0 else 1))
+                c_in = c_out
+        self.blocks = nn.Sequential(*blocks)
+        self.bn = nn.BatchNorm2d(c_in)
+        self.fc = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.bn(self.blocks(self.conv1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# --------------------------------------------------------------------------- build + init
+def init_weights(model: nn.Module) -> nn.Module:
+    """§4.1 initialization (after Goyal et al., 2017): He et al. (2015) normal init (fan_out,
+    ReLU gain) for convolutions, N(0, 0.01) and zero bias for fully connected layers, BatchNorm
+    weight 1 and bias 0. Returns ``model``."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.01)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    return model
+
+
+def build_model(name: str, num_classes: int = 10, width: float = 1.0) -> nn.Module:
+    """One of the paper's models (§4.1; App. F.1 Table 4), §4.1-initialized.
+
+    Args:
+        name: ``"resnet20"``, ``"densenet40_12"``, ``"wrn28_10"`` or ``"resnet50"``.
+        num_classes: outputs of the classifier (10 CIFAR-10, 100 CIFAR-100, 1000 ImageNet).
+        width: channel multiplier for reduced-scale runs (base widths of the ResNets, growth
+            rate of DenseNet, whose stem is 2 × growth); 1.0 is the paper's model. ResNet-50
+            only takes 1.0.
+
+    Deterministic given ``torch.manual_seed``; build under ``torch.device("meta")`` to count
+    parameters and flops without allocating weights.
+    """
+    if width <= 0:
+        raise ValueError(f"width must be > 0, got {width}")
+    if name == "resnet20":
+        model = ResNetCifar(3, num_classes, width)
+    elif name == "densenet40_12":
+        model = DenseNetCifar(40, _ch(12 * width), num_classes)
+    elif name == "wrn28_10":
+        model = WideResNet(28, 10, num_classes, width)
+    elif name == "resnet50":
+        if width != 1.0:
+            # torchvision's width_per_group only widens the 3×3 convs, not the whole network
+            raise ValueError(f"resnet50 is torchvision's model at width 1.0 only, got "
+                             f"width={width}; use resnet20/wrn28_10 for reduced-width runs")
+        import torchvision
+
+        model = torchvision.models.resnet50(weights=None, num_classes=num_classes)
+    else:
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+    return init_weights(model)
+
+
+# --------------------------------------------------------------------------- weight decay
+def no_weight_decay_mask(model: nn.Module) -> list[bool]:
+    """One flag per tensor of ``model.parameters()`` (in order): True for BatchNorm weights and
+    biases, which get no weight decay (§4.1, following He et al., 2016a)."""
+    bn = {id(p) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+          for p in m.parameters(recurse=False)}
+    return [id(p) in bn for p in model.parameters()]
+
+
+def param_groups(params: Iterable[Tensor], mask: list[bool],
+                 weight_decay: float) -> list[dict]:
+    """Two optimizer param groups, ``[decay, no decay]``, split by position with ``mask``.
+
+    Position-based so it also serves stacked replica tensors that are no module's attributes;
+    both groups are always returned (one may be empty) so their order is fixed.
+    """
+    params = list(params)
+    if len(params) != len(mask):
+        raise ValueError(f"{len(params)} parameters but a mask of {len(mask)} entries; build "
+                         "the mask from the same model the parameters come from")
+    return [
+        {"params": [p for p, skip in zip(params, mask) if not skip], "weight_decay": weight_decay},
+        {"params": [p for p, skip in zip(params, mask) if skip], "weight_decay": 0.0},
+    ]
+
+
+# --------------------------------------------------------------------------- counts
+def count_params(model: nn.Module) -> int:
+    """Number of parameters (Table 4's "communication" column: what an all-reduce moves)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
+    """FLOPs of one forward pass of one image in eval mode, by ``FlopCounterMode``.
+
+    ``input_shape`` is ``(C, H, W)`` (or ``(1, C, H, W)``). The counter counts a multiply-add as
+    2 FLOPs and only matrix products/convolutions (no BN, ReLU, pooling, additions). The input
+    lives on the model's device, so a model built on ``meta`` is counted without computing.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    shape = tuple(input_shape)
+    if len(shape) == 3:
+        shape = (1, *shape)
+    if len(shape) != 4 or shape[0] != 1:
+        raise ValueError(f"input_shape must be (C, H, W) for one image, got {tuple(input_shape)}")
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(torch.zeros(shape, device=device))
+    finally:
+        model.train(was_training)
+    return int(counter.get_total_flops())
+
+
+# --------------------------------------------------------------------------- Table 4
+# model → (Table 4's name, [(dataset, classes, input shape)])
+TABLE4 = {
+    "resnet20": ("ResNet-20", [("CIFAR-10", 10, (3, 32, 32)), ("CIFAR-100", 100, (3, 32, 32))]),
+    "resnet50": ("ResNet-50", [("ImageNet-1k", 1000, (3, 224, 224))]),
+    "densenet40_12": ("DenseNet-40-12",
+                      [("CIFAR-10", 10, (3, 32, 32)), ("CIFAR-100", 100, (3, 32, 32))]),
+    "wrn28_10": ("WideResNet-28-10",
+                 [("CIFAR-10", 10, (3, 32, 32)), ("CIFAR-100", 100, (3, 32, 32))]),
+}
+MACS = "multiply-adds (MACs)"
+FLOPS = "FLOPs (2 per multiply-add)"
+
+
+def resnet50_v1_strides(model: nn.Module) -> nn.Module:
+    """Move torchvision ResNet-50's downsampling stride from each bottleneck's 3×3 conv to its
+    first 1×1 conv, as in He et al. (2016a)'s original ("v1"); parameters are unchanged. Used
+    only to explain Table 4's ResNet-50 flop count."""
+    for layer in (model.layer2, model.layer3, model.layer4):
+        first = layer[0]
+        first.conv1.stride, first.conv2.stride = first.conv2.stride, (1, 1)
+    return model
+
+
+def reported_table4(papers_dir: str | Path | None = None) -> pd.DataFrame:
+    """Table 4 as transcribed in ``papers/lin2020_local_sgd/reported.csv``, one row per setting.
+
+    Columns are the three metrics (floats) and, per metric, ``<metric> decimals``: the digits
+    the paper prints, so a count can be checked "to the printed precision".
+    """
+    from localsgd.results import repo_root
+
+    papers = Path(papers_dir) if papers_dir is not None else repo_root() / "papers"
+    raw = pd.read_csv(papers / "lin2020_local_sgd" / "reported.csv", dtype=str,
+                      keep_default_na=False)
+    raw = raw[raw.artifact == "Table 4"]
+    values = raw.pivot(index="setting", columns="metric", values="value")
+    out = values.astype(float)
+    for metric in values.columns:
+        out[f"{metric} decimals"] = values[metric].map(
+            lambda v: len(v.split(".")[1]) if "." in v else 0)
+    return out
+
+
+def printed_rel_tol(value: float, decimals: int) -> float:
+    """Relative tolerance of "equal to the printed precision": half a unit in the last digit."""
+    return 0.5 * 10.0 ** -decimals / abs(value)
+
+
+def table04(models: Sequence[str] | None = None,
+            papers_dir: str | Path | None = None) -> pd.DataFrame:
+    """Our counts beside App. F.1 Table 4: one row per model and dataset.
+
+    Columns: ``params``, ``flops`` (FlopCounterMode, one image, 2 per multiply-add), ``macs``
+    (= flops / 2), the paper's three numbers, ``convention`` (MACs or FLOPs: whichever is closer
+    to the paper's "flops per image"), ``flops_per_image_billion`` (ours in that convention),
+    ``ratio`` (flops per image / parameters in billion / million, Table 4's last column), and
+    ``params_rel_tol``/``flops_rel_tol``: half a unit of the paper's last printed digit, relative.
+    Models are built on the meta device, so even WRN-28-10 and ResNet-50 count in a second.
+    """
+    paper = reported_table4(papers_dir)
+    rows = []
+    for name in models if models is not None else list(TABLE4):
+        if name not in TABLE4:
+            raise ValueError(f"unknown model {name!r}; Table 4 has {', '.join(TABLE4)}")
+        label, datasets = TABLE4[name]
+        for dataset, classes, shape in datasets:
+            with torch.device("meta"):  # shapes only: no weights allocated, no compute
+                model = build_model(name, num_classes=classes)
+            params, flops = count_params(model), count_flops(model, shape)
+            macs = flops // 2
+            setting = f"model={label}; dataset={dataset}"
+            p = paper.loc[setting]
+            p_flops = p["flops per image"]
+            # the convention whose count is closer (relatively) to the printed number
+            err_macs, err_flops = abs(macs / 1e9 / p_flops - 1), abs(flops / 1e9 / p_flops - 1)
+            convention, ours = (MACS, macs) if err_macs <= err_flops else (FLOPS, flops)
+            note = ""
+            if name == "resnet50":
+                v1 = count_flops(resnet50_v1_strides(model), shape)
+                note = (f"torchvision is ResNet-50 v1.5 (stride on the 3x3 conv); with the "
+                        f"original v1 strides: {v1 / 1e9:.3f} B FLOPs = {v1 / 2e9:.3f} B MACs")
+            rows.append({
+                "model": label, "dataset": dataset, "setting": setting, "name": name,
+                "num_classes": classes, "input_shape": "x".join(map(str, shape)),
+                "params": params, "flops": flops, "macs": macs,
+                "paper_params_million": p["parameters"], "paper_flops_billion": p_flops,
+                "paper_ratio": p["computation/communication scaling ratio"],
+                "params_million": params / 1e6, "convention": convention,
+                "flops_per_image_billion": ours / 1e9,
+                "ratio": (ours / 1e9) / (params / 1e6) * 1000,  # billion / million, as printed
+                "params_rel_tol": printed_rel_tol(p["parameters"], p["parameters decimals"]),
+                "flops_rel_tol": printed_rel_tol(p_flops, p["flops per image decimals"]),
+                "note": note,
+            })
+    df = pd.DataFrame(rows)
+    df["params_match"] = ((df.params_million / df.paper_params_million - 1).abs()
+                          <= df.params_rel_tol)
+    df["flops_match"] = ((df.flops_per_image_billion / df.paper_flops_billion - 1).abs()
+                         <= df.flops_rel_tol)
+    return df
