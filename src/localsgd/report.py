@@ -52,7 +52,7 @@ def load_ours(figures_dir: Path) -> pd.DataFrame:
         (figures_dir / "paper").glob("*.compare.csv"))
     frames = [pd.read_csv(p, dtype={"setting": str, "metric": str}).assign(path=str(p))
               for p in paths]
-    cols = [*KEY, "value", "mode", "scale", "rel_tol", "figure", "path"]
+    cols = [*KEY, "value", "mode", "scale", "rel_tol", "figure", "claim", "verdict", "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     ours = pd.concat(frames, ignore_index=True)
@@ -154,6 +154,12 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         _md_table(figs) if len(figs) else "(no figures yet)",
         "",
     ]
+    claims = _claims(table)
+    if len(claims):
+        lines += ["## Claims", "",
+                  "A source's claim tested by a notebook, with the notebook's verdict at the "
+                  "scale it ran (a reduced-scale verdict is indicative only).", "",
+                  _md_table(claims), ""]
     for source, part in table.groupby("source", sort=True):
         lines += [f"## {source}", ""]
         done = part[part["status"] != STATUS_NONE]
@@ -167,6 +173,15 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
             lines += ["Not yet compared (numbers per artifact; see `reported.csv`): "
                       + ", ".join(f"{a} ({n})" for a, n in todo.items()) + ".", ""]
     return "\n".join(lines)
+
+
+def _claims(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose figure stated a claim and a verdict (compare columns ``claim``/``verdict``)."""
+    cols = ["artifact", "claim", "verdict", "ours", "unit", "mode", "scale"]
+    if "verdict" not in table.columns:
+        return pd.DataFrame(columns=cols)
+    rows = table[table["verdict"].notna() & (table["verdict"].astype(str) != "")]
+    return rows[cols]
 
 
 def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None) -> Path:

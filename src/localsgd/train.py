@@ -1,0 +1,469 @@
+"""The one training loop of the deep-learning experiments (§4.2.1, Appendices C and D).
+
+``train(TrainConfig(...))`` trains K workers with (hierarchical) local SGD on an image data set
+and returns one tidy record per epoch. The loop talks to an *engine* (the in-process replica
+engine here, sequential or batched; the torchrun runner runs the same loop) and never to
+torch.distributed directly.
+
+The recipe of §4.2.1 (ResNet-20 on CIFAR):
+
+* every epoch the training set is reshuffled globally and split into K disjoint parts; worker k
+  reads its local mini-batches of B_loc from its part (`localsgd.data.partition`);
+* learning rate 0.1 (optionally scaled linearly with the global batch and warmed up gradually,
+  App. C), divided by 10 when 50 % and 75 % of the samples are seen; momentum 0.9 without
+  dampening applied to each local model; weight decay 1e-4, none on BatchNorm coefficients (§4.1);
+* training stops when the workers *together* have seen as many samples as one worker in
+  ``epochs`` epochs: T = epochs · N / (K · B_loc) updates per worker;
+* each epoch the averaged model (w-bar, BatchNorm statistics averaged too) is evaluated on the test
+  set; BatchNorm statistics are otherwise kept per worker (§4.1, following Goyal et al.).
+
+Time: the loop measures compute seconds per step for every worker and records the median worker
+(as if the K workers ran in parallel) plus the number of synchronisation rounds per level;
+`localsgd.timing.modelled_time` adds modelled communication on a `timing.Cluster`.
+
+Checkpoints (``checkpoint_path``): written atomically every ``checkpoint_every`` epochs and on
+Ctrl-C, loaded with ``weights_only=True``; a resumed run ends bitwise equal to an uninterrupted one
+on CPU (same config, same seed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import nn
+
+from localsgd import data as data_mod
+from localsgd import models as models_mod
+from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
+from localsgd.outer import OuterUpdate
+from localsgd.paths import atomic_path
+from localsgd.schedule import SyncSchedule, Topology
+
+__all__ = ["CHECKPOINT_FORMAT", "TrainConfig", "build_engine", "run_cached", "train"]
+
+CHECKPOINT_FORMAT = 1
+MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Defaults are §4.2.1's ResNet-20 / CIFAR-10 recipe on 2×1 GPUs."""
+
+    # -- data and model
+    dataset: str = "cifar10"
+    """'cifar10', 'cifar100', or 'synthetic' (only when asked for by name)."""
+    model: str = "resnet20"
+    """A `localsgd.models.build_model` name: resnet20, densenet40_12, wrn28_10, resnet50."""
+    width: float = 1.0
+    """Channel-width multiplier (1.0 = the paper's model; < 1 for reduced-scale runs)."""
+    n_train: int | None = None
+    """Class-balanced subset of the training set (None: all 50,000 images)."""
+    n_test: int | None = None
+    """Class-balanced subset of the test set used for evaluation (None: all 10,000)."""
+    augment: bool = True
+    """4-pixel padded random crop + horizontal flip (§4.1, He et al. 2016)."""
+
+    # -- topology and schedule (Algorithms 1 and 2)
+    world_size: int = 2
+    """K, the number of workers."""
+    local_batch: int = 128
+    """B_loc, each worker's mini-batch."""
+    local_steps: int = 1
+    """H, local updates between averages (H = 1 is mini-batch SGD)."""
+    block_size: int | None = None
+    """K', workers per block (a node) for hierarchical local SGD; None: flat local SGD."""
+    block_steps: int = 1
+    """H^b, block averages between global averages (Eq. 5)."""
+    post_local_warmup_epochs: float = 0.0
+    """Post-local SGD: mini-batch SGD (global gradient all-reduce) for these first epochs."""
+    local_step_warmup_epochs: int = 0
+    """Exponential local-step warm-up (§4.2.2, footnote 4): H = 1, 2, 4, ... over these epochs."""
+
+    # -- optimisation (§4.2.1, App. C, App. D)
+    epochs: float = 300.0
+    """Training length in one worker's epochs: stop after epochs · N / (K · B_loc) updates."""
+    lr: float = 0.1
+    """Base learning rate gamma."""
+    scale_lr: bool = False
+    """App. C linear scaling: peak lr = lr · K · B_loc / base_batch."""
+    base_batch: int = 128
+    """The batch size `lr` is meant for (128 on CIFAR, 64 in Tables 6-7)."""
+    warmup_epochs: float = 0.0
+    """App. C gradual warm-up from lr to the peak lr over these epochs (5 in the paper)."""
+    decay_fractions: tuple[float, ...] = (0.5, 0.75)
+    """Divide the lr by 10 when these fractions of the samples are seen."""
+    momentum: float = 0.9
+    """Momentum factor m (no dampening), used as `momentum_scheme` says."""
+    momentum_scheme: str = "local"
+    """App. D: 'local' (each worker's SGD), 'global' (block momentum on the averaged model),
+    'hybrid' (both), 'none'."""
+    nesterov: bool = False
+    """Nesterov variant of the local momentum."""
+    weight_decay: float = 1e-4
+    """L2 weight decay, not applied to BatchNorm coefficients (§4.1)."""
+    average_buffers: bool = False
+    """Average BatchNorm running statistics at every sync (False: per worker, §4.1)."""
+
+    # -- engine and bookkeeping
+    batched: bool = False
+    """Run the K replicas as one vmapped model (`BatchedReplicaEngine`), e.g. on one GPU."""
+    seed: int = 0
+    """Fixes model init, data order and worker k's stream (seed + k)."""
+    device: str = "cpu"
+    """Training device ('cpu', 'cuda', 'cuda:1', ...)."""
+    eval_batch: int = 1000
+    """Batch size for test-set evaluation."""
+    dtype: str = "float32"
+    """Parameter dtype ('float32' or 'float64'; float64 for equivalence tests)."""
+
+    def __post_init__(self) -> None:
+        if self.momentum_scheme not in MOMENTUM_SCHEMES:
+            raise ValueError(f"momentum_scheme={self.momentum_scheme!r}; valid: {MOMENTUM_SCHEMES}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype={self.dtype!r}; valid: 'float32', 'float64'")
+        if not self.epochs > 0:
+            raise ValueError(f"epochs={self.epochs}: must be > 0")
+        for name in ("world_size", "local_batch", "local_steps", "block_steps", "base_batch",
+                     "eval_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        object.__setattr__(self, "decay_fractions", tuple(self.decay_fractions))
+        self.topology()  # validates K, K', H, H^b with the schedule's own messages
+
+    def topology(self) -> Topology:
+        return Topology.from_paper(self.world_size, self.local_steps, self.block_size,
+                                   self.block_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a dict (e.g. a YAML file); an unknown key is an error naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: "
+                             f"{sorted(known)}")
+        return cls(**values)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building blocks
+# ----------------------------------------------------------------------------------------------
+
+
+def _steps(cfg: TrainConfig, n_train: int) -> tuple[int, int]:
+    """(updates per data epoch, total updates T) for ``n_train`` training images."""
+    per_worker = n_train // cfg.world_size
+    steps_per_epoch = per_worker // cfg.local_batch
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"local_batch={cfg.local_batch} is larger than a worker's share of the data "
+            f"({n_train} images / K={cfg.world_size} = {per_worker}); use a smaller batch or "
+            "more training images"
+        )
+    total = math.floor(cfg.epochs * n_train / (cfg.world_size * cfg.local_batch))
+    return steps_per_epoch, max(total, 1)
+
+
+def lr_schedule(cfg: TrainConfig, n_train: int) -> LRSchedule:
+    """§4.2.1 step decay with App. C's linear scaling and gradual warm-up when configured."""
+    _, total = _steps(cfg, n_train)
+    peak = cfg.lr * cfg.world_size * cfg.local_batch / cfg.base_batch if cfg.scale_lr else cfg.lr
+    warm = (warmup_iterations(n_train, cfg.world_size, cfg.local_batch, cfg.warmup_epochs)
+            if cfg.warmup_epochs > 0 else 0)
+    milestones = (milestones_from_fractions(total, cfg.decay_fractions)
+                  if cfg.decay_fractions else [])
+    return LRSchedule(peak_lr=peak, warmup_iters=warm, start_lr=cfg.lr if warm else None,
+                      milestones=tuple(milestones))
+
+
+def build_engine(cfg: TrainConfig, n_train: int, num_classes: int) -> Any:
+    """The replica engine (sequential, or batched with ``cfg.batched``) for ``cfg``."""
+    from localsgd.replicas import BatchedReplicaEngine, ReplicaEngine
+
+    steps_per_epoch, _ = _steps(cfg, n_train)
+    dtype = getattr(torch, cfg.dtype)
+    schedule = SyncSchedule(
+        cfg.topology(),
+        warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),
+        local_step_warmup_epochs=cfg.local_step_warmup_epochs,
+        steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
+        outer_period="global" if cfg.momentum_scheme in ("global", "hybrid") else None,
+    )
+    local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
+    outer = (OuterUpdate(momentum=cfg.momentum)
+             if cfg.momentum_scheme in ("global", "hybrid") else None)
+
+    def model_fn() -> nn.Module:
+        return models_mod.build_model(cfg.model, num_classes=num_classes,
+                                      width=cfg.width).to(dtype)
+
+    mask = models_mod.no_weight_decay_mask(model_fn())
+
+    def optimizer_fn(params: Any) -> torch.optim.Optimizer:
+        groups = models_mod.param_groups(params, mask, cfg.weight_decay)
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=local_m, dampening=0.0,
+                               nesterov=cfg.nesterov and local_m > 0)
+
+    engine_cls = BatchedReplicaEngine if cfg.batched else ReplicaEngine
+    return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
+                      lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
+                      average_buffers=cfg.average_buffers, device=cfg.device)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
+             batch: int = 1000) -> tuple[float, float]:
+    """(top-1 accuracy in %, mean cross-entropy) of ``model`` on uint8 images ``x``."""
+    model.eval()
+    dtype = next(model.parameters()).dtype
+    correct, loss = 0, 0.0
+    for i in range(0, len(x), batch):
+        xb = data_mod.normalize(x[i:i + batch], mean, std).to(dtype)
+        out = model(xb)
+        loss += float(nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum"))
+        correct += int((out.argmax(1) == y[i:i + batch]).sum())
+    return 100.0 * correct / len(x), loss / len(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(path: str | Path, state: dict) -> Path:
+    """Write a checkpoint atomically: a reader never sees a half-written file."""
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
+    return Path(path)
+
+
+def load_checkpoint(path: str | Path, cfg: TrainConfig) -> dict:
+    """Load and validate a checkpoint of ``cfg``'s run (``weights_only=True``)."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises many types for garbled files
+        raise ValueError(
+            f"checkpoint {path} is corrupt or not a localsgd checkpoint ({type(err).__name__}: "
+            f"{err}); delete it to start afresh or point checkpoint_path elsewhere"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {path} is not a localsgd training checkpoint "
+                         f"(format {CHECKPOINT_FORMAT}); delete it or use another path")
+    saved = state.get("config", {})
+    diff = {k: (saved.get(k), v) for k, v in cfg.to_dict().items()
+            if _jsonish(saved.get(k)) != _jsonish(v)}
+    if diff:
+        described = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(f"checkpoint {path} belongs to another configuration ({described}); "
+                         "resume with the saved configuration or use another checkpoint_path")
+    return state
+
+
+def _jsonish(v: Any) -> Any:
+    return list(v) if isinstance(v, tuple) else v
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Totals:
+    """Cumulative counters of a run (saved in checkpoints)."""
+
+    compute_seconds: float = 0.0
+    data_seconds: float = 0.0
+    sync: list[int] = field(default_factory=list)
+    gradsync: list[int] = field(default_factory=list)
+    # sums over the current epoch, reset at each record
+    loss_sum: float = 0.0
+    correct: int = 0
+    seen: int = 0
+
+
+@contextlib.contextmanager
+def _deferred_interrupt():
+    """Turn the first Ctrl-C into a flag checked between updates, so a checkpoint never holds a
+    half-done step (some replicas updated, others not); a second Ctrl-C interrupts at once."""
+    flag = {"set": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag["set"]:
+            raise KeyboardInterrupt
+        flag["set"] = True
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def train(
+    cfg: TrainConfig,
+    *,
+    dataset: data_mod.ImageDataset | None = None,
+    checkpoint_path: str | Path | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = True,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> pd.DataFrame:
+    """Train ``cfg`` and return one record per epoch (and one at the last update).
+
+    Args:
+        dataset: the data (default: ``load_image_dataset(cfg.dataset)`` reduced to
+            ``cfg.n_train`` / ``cfg.n_test``).
+        checkpoint_path: where to keep the run's checkpoint; with ``resume`` an existing one is
+            continued (after checking it is this configuration's).
+        checkpoint_every: also checkpoint every this many epochs (0: only on Ctrl-C).
+        progress: show a tqdm progress bar.
+        on_step: called with t after every update (tests use it to interrupt a run).
+
+    Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
+    batches of the epoch, before each update, augmented), test_loss / test_acc (averaged model),
+    lr, compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
+    preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
+    gradsync_l{i} (gradient all-reduces), plus the config.
+    """
+    from tqdm.auto import tqdm
+
+    t_start = time.perf_counter()
+    ds = dataset if dataset is not None else _load(cfg)
+    device = torch.device(cfg.device)
+    n_train = len(ds.train_y)
+    steps_per_epoch, total = _steps(cfg, n_train)
+    engine = build_engine(cfg, n_train, len(ds.classes))
+    topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
+    train_x, train_y = ds.train_x.to(device), ds.train_y.to(device)
+    test_x, test_y = ds.test_x.to(device), ds.test_y.to(device)
+    augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
+    dtype = getattr(torch, cfg.dtype)
+    flat = engine.comm.flat_params()  # [K, n]: one row per worker
+    param_bytes = int(flat[0].numel() * flat.element_size())
+
+    records: list[dict] = []
+    tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels)
+    if checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
+        state = load_checkpoint(checkpoint_path, cfg)
+        engine.load_state_dict(state["engine"])
+        records = list(state["records"])
+        tot = _Totals(**state["totals"])
+
+    def snapshot() -> dict:
+        return {"format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "engine": engine.state_dict(),
+                "records": records, "totals": dataclasses.asdict(tot)}
+
+    def record(t: int) -> None:
+        acc, loss = evaluate(engine.averaged_model(), test_x, test_y, ds.mean, ds.std,
+                             cfg.eval_batch)
+        row = {
+            "epoch": t * k * b / n_train, "step": t, "lr": engine.current_lr(),
+            "train_loss": tot.loss_sum / max(tot.seen, 1),
+            "train_acc": 100.0 * tot.correct / max(tot.seen, 1),
+            "test_loss": loss, "test_acc": acc,
+            "compute_seconds": tot.compute_seconds, "data_seconds": tot.data_seconds,
+            "param_bytes": param_bytes, "n_train": n_train, "n_test": len(test_y),
+        }
+        for i, level in enumerate(topo.levels):
+            row.update({f"group_l{i}": level.group_size, f"sync_l{i}": tot.sync[i],
+                        f"gradsync_l{i}": tot.gradsync[i]})
+        records.append(row)
+        tot.loss_sum, tot.correct, tot.seen = 0.0, 0, 0
+
+    partition_epoch, parts = -1, None
+    bar = tqdm(total=total, initial=engine.t, disable=not progress, leave=False,
+               desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}")
+    with _deferred_interrupt() as interrupt:
+        try:
+            while engine.t < total:
+                t = engine.t  # completed updates; this step is update t + 1
+                epoch, pos = divmod(t, steps_per_epoch)
+                if epoch != partition_epoch:
+                    parts = data_mod.partition(n_train, k, epoch, cfg.seed).to(device)
+                    partition_epoch = epoch
+                t0 = time.perf_counter()
+                batches = []
+                for w in range(k):
+                    idx = parts[w, pos * b:(pos + 1) * b]
+                    xb = train_x[idx]
+                    xb = (augment(xb, engine.generators[w]) if augment is not None
+                          else data_mod.normalize(xb, ds.mean, ds.std))
+                    batches.append((xb.to(dtype), train_y[idx]))
+                tot.data_seconds += time.perf_counter() - t0
+                stats: dict = {}
+                losses, action = engine.step(batches, nn.functional.cross_entropy, stats=stats)
+                tot.compute_seconds += float(torch.tensor(stats["compute_seconds"]).median())
+                tot.loss_sum += sum(losses) * b
+                tot.correct += sum(stats["correct"])
+                tot.seen += k * b
+                if action.level is not None:
+                    tot.sync[action.level] += 1
+                if action.allreduce_grads_level is not None:
+                    tot.gradsync[action.allreduce_grads_level] += 1
+                bar.update(1)
+                if engine.t % steps_per_epoch == 0 or engine.t == total:
+                    record(engine.t)
+                    bar.set_postfix(train_acc=f"{records[-1]['train_acc']:.1f}",
+                                    test_acc=f"{records[-1]['test_acc']:.1f}")
+                    epochs_done, partial = divmod(engine.t, steps_per_epoch)
+                    if (checkpoint_path is not None and checkpoint_every and not partial
+                            and epochs_done % checkpoint_every == 0):
+                        save_checkpoint(checkpoint_path, snapshot())
+                if on_step is not None:
+                    on_step(engine.t)
+                if interrupt["set"]:
+                    raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            if checkpoint_path is not None:
+                save_checkpoint(checkpoint_path, snapshot())
+                print(f"interrupted at update {engine.t}/{total}: checkpoint saved to "
+                      f"{checkpoint_path}; run again with the same config to resume")
+            raise
+        finally:
+            bar.close()
+    df = pd.DataFrame(records)
+    for key, value in cfg.to_dict().items():
+        df[key] = str(value) if isinstance(value, tuple | list) else value
+    df["world_size"] = k
+    df["wall_seconds"] = time.perf_counter() - t_start
+    return df
+
+
+def _load(cfg: TrainConfig) -> data_mod.ImageDataset:
+    ds = data_mod.load_image_dataset(cfg.dataset)
+    if cfg.n_train is not None or cfg.n_test is not None:
+        ds = ds.subset(cfg.n_train, cfg.n_test, seed=0)  # the subset is fixed, not per-seed
+    return ds
+
+
+# Fields that change how a run is computed but not its result, or only its speed.
+_NOT_IN_CACHE_KEY = ("eval_batch",)
+
+
+def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
+    """`train` through the results cache: identical configs (also across notebooks) train once."""
+    from localsgd import results
+
+    key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY}
+    return results.cached("train", key, lambda: train(cfg, progress=progress), refresh=refresh)
