@@ -4,18 +4,29 @@ optimizer, mixing through a ``[K, n]`` stack of flattened parameters.
 * `ReplicaCommunicator` implements `localsgd.schedule.Communicator` with tensor ops: averaging
   level l is ``flat.view(G, g, n)`` -> mean over the group dim, in place (Eq. 4/5 of the paper);
   gossip is one push-sum round of `localsgd.gossip`. Optionally averages float buffers (BatchNorm
-  running stats) and the inner optimizers' per-parameter state (momentum buffers).
+  running stats) and the inner optimizers' per-parameter state (momentum buffers). One
+  implementation serves both layouts below.
 * `ReplicaEngine` builds the K replicas from one seed (identical init), gives worker k its own
   random stream (``seed + k``) and runs the shared `SyncDriver` around every inner step, so the
-  algorithm code is the same one the distributed engine runs.
+  algorithm code is the same one the distributed engine runs. It runs the K models one after
+  the other (per-replica layout: K modules, K optimizers).
+* `BatchedReplicaEngine` has the same surface but runs all K replicas as one ``torch.vmap`` of
+  ``torch.func.functional_call`` over stacked ``[K, ...]`` parameters (stacked layout: one
+  module skeleton, one optimizer over the stacks) -- the way one GPU simulates K workers at
+  about the cost of one model with batch K * B_loc.
 
-Each replica's parameters are views into one row of the persistent stack (rebound once at
-construction), so averaging never concatenates or rebinds.
+In both layouts the trainable parameters alias the persistent stack (replica k's parameter j is
+``flat[k, off_j:off_j + numel_j]``; stacked, it is ``flat[:, off_j:off_j + numel_j]`` viewed as
+``[K, *shape]``) and every float buffer is row k of a contiguous ``[K, *shape]`` stack, so
+averaging never concatenates or rebinds. (Buffer stacks are contiguous per buffer, not columns
+of one flat buffer, because vmap's BatchNorm rule updates non-contiguous running stats in a
+copy.)
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +37,16 @@ from . import gossip as gossip_mod
 from .outer import OuterUpdate
 from .schedule import Action, SyncDriver, SyncSchedule, Topology
 
-__all__ = ["ReplicaCommunicator", "ReplicaEngine", "worker_generator"]
+__all__ = [
+    "BatchedReplicaEngine",
+    "ReplicaCommunicator",
+    "ReplicaEngine",
+    "make_engine",
+    "worker_generator",
+]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def worker_generator(seed: int, rank: int, device: str | torch.device = "cpu") -> torch.Generator:
@@ -37,8 +57,38 @@ def worker_generator(seed: int, rank: int, device: str | torch.device = "cpu") -
 def _group_mean_(stack: torch.Tensor, group_size: int) -> None:
     """Replace every row of stack [K, ...] by the mean of its contiguous group, in place."""
     k = stack.shape[0]
-    v = stack.view(k // group_size, group_size, -1)
-    v.copy_(v.mean(dim=1, keepdim=True).expand_as(v))
+    if stack.is_contiguous():
+        v = stack.view(k // group_size, group_size, -1)
+        v.copy_(v.mean(dim=1, keepdim=True).expand_as(v))
+    else:  # e.g. a transposed grad: average a contiguous copy, write it back
+        v = stack.reshape(k // group_size, group_size, -1)
+        stack.copy_(v.mean(dim=1, keepdim=True).expand_as(v).reshape(stack.shape))
+
+
+def _mean_rows_(rows: torch.Tensor | Sequence[torch.Tensor], group_size: int) -> None:
+    """Group mean over K replicas given as one [K, ...] tensor or as K separate tensors."""
+    if torch.is_tensor(rows):
+        _group_mean_(rows, group_size)
+        return
+    stack = torch.stack(list(rows))
+    _group_mean_(stack, group_size)
+    for row, mean in zip(rows, stack, strict=True):
+        row.copy_(mean)
+
+
+def _stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Copy [K, *shape_j] tensors into one [K, n] buffer; return it and the [K, *shape_j] views
+    ``flat[:, off_j:off_j + numel_j].view(K, *shape_j)`` that alias it."""
+    k = stacks[0].shape[0]
+    n = sum(s[0].numel() for s in stacks)
+    flat = torch.empty(k, n, dtype=stacks[0].dtype, device=stacks[0].device)
+    views, offset = [], 0
+    for s in stacks:
+        view = flat[:, offset : offset + s[0].numel()].view(s.shape)
+        view.copy_(s)
+        views.append(view)
+        offset += s[0].numel()
+    return flat, views
 
 
 def _clone_tensors(obj: Any) -> Any:
@@ -51,18 +101,45 @@ def _clone_tensors(obj: Any) -> Any:
     return obj
 
 
+def _clock(device: torch.device) -> Callable[[], float]:
+    """perf_counter that first waits for queued kernels on an accelerator (else it times the
+    launch, not the work)."""
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    sync = getattr(backend, "synchronize", None)
+    if sync is None:
+        return time.perf_counter
+
+    def now() -> float:
+        sync(device) if device.type == "cuda" else sync()
+        return time.perf_counter()
+
+    return now
+
+
+def _correct(out: torch.Tensor, y: torch.Tensor, class_dim: int) -> torch.Tensor | None:
+    """Number of argmax hits along `class_dim` (per replica if stacked); None for non-class
+    (floating) targets, where "correct" has no meaning."""
+    if y.is_floating_point():
+        return None
+    hits = out.detach().argmax(dim=class_dim) == y
+    return hits.flatten(class_dim - 1).sum(class_dim - 1) if class_dim > 1 else hits.sum()
+
+
 class ReplicaCommunicator:
     """`Communicator` over K in-process replicas (see module docstring).
 
     Args:
         topology: levels and group sizes; ``world_size`` must equal ``len(models)``.
-        models: the K replicas (same architecture); their parameters get rebound to rows of the
-            stack ``self.flat`` ([K, n]).
+        models: the K replicas (same architecture); their trainable parameters get rebound to
+            rows of the stack ``self.flat`` ([K, n]) and their float buffers to rows of
+            ``self.buffer_stacks`` (one contiguous [K, *shape] tensor per buffer).
         optimizers: the K inner optimizers (needed only for ``average_momentum``).
         average_buffers: also average floating-point buffers (BatchNorm running mean/var).
         average_momentum: also average the optimizers' per-parameter float state with the
             parameter's shape (SGD momentum buffers, Adam moments).
         peers_per_step: SGP peers per gossip round.
+
+    `ReplicaCommunicator.stacked` builds the same communicator for the batched engine's layout.
     """
 
     def __init__(
@@ -78,15 +155,7 @@ class ReplicaCommunicator:
             raise ValueError(
                 f"got {len(models)} models for a topology of world_size {topology.world_size}"
             )
-        if average_momentum and (optimizers is None or len(optimizers) != len(models)):
-            raise ValueError(
-                f"average_momentum=True needs one optimizer per model: got "
-                f"{0 if optimizers is None else len(optimizers)} for {len(models)} models"
-            )
-        self.topology, self.world_size = topology, topology.world_size
-        self.models, self.optimizers = list(models), list(optimizers or [])
-        self.average_buffers, self.average_momentum = average_buffers, average_momentum
-        self.peers_per_step = peers_per_step
+        self.models = list(models)
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
         shapes = [[p.shape for p in ps] for ps in self.params]
         if any(s != shapes[0] for s in shapes):
@@ -102,18 +171,75 @@ class ReplicaCommunicator:
             )
         dtypes = {p.dtype for ps in self.params for p in ps}
         if len(dtypes) != 1:
-            raise ValueError(f"all parameters must share one dtype for the flat stack, got {dtypes}")
-        n = sum(p.numel() for p in first)
-        self.flat = torch.empty(self.world_size, n, dtype=first[0].dtype, device=first[0].device)
-        for k, ps in enumerate(self.params):
+            raise ValueError(f"all parameters must share one dtype for the flat stack: {dtypes}")
+        k = len(self.models)
+        flat, _ = _stack_into_flat([torch.stack([ps[j].detach() for ps in self.params])
+                                    for j in range(len(first))])
+        aliases = []
+        for r, ps in enumerate(self.params):
             offset = 0
-            for p in ps:
-                view = self.flat[k, offset : offset + p.numel()].view_as(p)
-                view.copy_(p.data)
-                p.data = view  # persistent alias: averaging the stack updates the model
+            for j, p in enumerate(ps):
+                p.data = flat[r, offset : offset + p.numel()].view_as(p)  # persistent alias
                 offset += p.numel()
-        self._ptrs = [[p.data_ptr() for p in ps] for ps in self.params]
-        self.ps_weight = torch.ones(self.world_size, dtype=self.flat.dtype, device=self.flat.device)
+                aliases.append((p, f"parameter {j} of replica {r}"))
+        bufs = [[b for b in m.buffers() if b.is_floating_point()] for m in self.models]
+        if any([b.shape for b in bs] != [b.shape for b in bufs[0]] for bs in bufs):
+            raise ValueError("all replicas must have the same floating-point buffer shapes")
+        buffer_stacks = []
+        for j in range(len(bufs[0])):
+            stack = torch.stack([bs[j] for bs in bufs])
+            for r in range(k):
+                bufs[r][j].data = stack[r]  # BatchNorm updates running stats in place: the row
+                aliases.append((bufs[r][j], f"buffer {j} of replica {r}"))
+            buffer_stacks.append(stack)
+        self._setup(topology, flat, [list(col) for col in zip(*self.params, strict=True)],
+                    buffer_stacks, optimizers, False, average_buffers, average_momentum,
+                    peers_per_step, aliases)
+
+    @classmethod
+    def stacked(
+        cls,
+        topology: Topology,
+        flat: torch.Tensor,
+        params: Sequence[torch.Tensor],
+        buffer_stacks: Sequence[torch.Tensor],
+        optimizer: torch.optim.Optimizer | None = None,
+        average_buffers: bool = False,
+        average_momentum: bool = False,
+        peers_per_step: int = 1,
+    ) -> ReplicaCommunicator:
+        """The communicator of the batched layout: `params` are the trainable [K, *shape] views
+        of `flat` ([K, n]), `buffer_stacks` the contiguous [K, *shape] float buffers, and one
+        `optimizer` over the stacks (its state is [K, *shape] too)."""
+        if flat.dim() != 2 or flat.shape[0] != topology.world_size:
+            raise ValueError(
+                f"flat must be [world_size={topology.world_size}, n], got {tuple(flat.shape)}"
+            )
+        self = cls.__new__(cls)
+        self.models, self.params = [], []
+        aliases = [(p, f"stacked parameter {j}") for j, p in enumerate(params)]
+        self._setup(topology, flat, [[p] for p in params], list(buffer_stacks),
+                    None if optimizer is None else [optimizer], True, average_buffers,
+                    average_momentum, peers_per_step, aliases)
+        return self
+
+    def _setup(self, topology, flat, slots, buffer_stacks, optimizers, stacked, average_buffers,
+               average_momentum, peers_per_step, aliases) -> None:
+        expected = 1 if stacked else topology.world_size
+        if average_momentum and (optimizers is None or len(optimizers) != expected):
+            need = "one optimizer over the stacks" if stacked else "one optimizer per model"
+            raise ValueError(
+                f"average_momentum=True needs {need}: got "
+                f"{0 if optimizers is None else len(optimizers)} for {topology.world_size} models"
+            )
+        self.topology, self.world_size = topology, topology.world_size
+        self.flat, self.buffer_stacks, self.optimizers = flat, buffer_stacks, list(optimizers or [])
+        self.average_buffers, self.average_momentum = average_buffers, average_momentum
+        self.peers_per_step = peers_per_step
+        # _slots[j]: trainable parameter j of every replica (K tensors, or one [K, ...] stack)
+        self._slots, self._stacked = slots, stacked
+        self._aliases = [(t, t.data_ptr(), label) for t, label in aliases]
+        self.ps_weight = torch.ones(self.world_size, dtype=flat.dtype, device=flat.device)
 
     # -- Communicator ------------------------------------------------------------------------
 
@@ -122,15 +248,17 @@ class ReplicaCommunicator:
 
     def _check_aliasing(self) -> None:
         # rebinding p.data (vector_to_parameters, .to(), load_state_dict(assign=True)) detaches a
-        # parameter from its row: mixing the stack would then silently miss that replica
-        for k, (ps, ptrs) in enumerate(zip(self.params, self._ptrs, strict=True)):
-            for j, (p, ptr) in enumerate(zip(ps, ptrs, strict=True)):
-                if p.data_ptr() != ptr:
-                    raise RuntimeError(
-                        f"parameter {j} of replica {k} no longer aliases its row of the [K, n] "
-                        "stack (its .data was rebound); update parameters in place, e.g. "
-                        "p.copy_(...) or model.load_state_dict(state)"
-                    )
+        # tensor from its row: mixing the stack would then silently miss that replica
+        for t, ptr, label in self._aliases:
+            if t.data_ptr() != ptr:
+                raise RuntimeError(
+                    f"{label} no longer aliases its row of the [K, n] stack (its .data was "
+                    "rebound); update parameters in place, e.g. p.copy_(...) or "
+                    "model.load_state_dict(state)"
+                )
+
+    def _rows(self, tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        return tensors[0] if self._stacked else tensors
 
     @torch.no_grad()
     def average(self, level: int) -> None:
@@ -148,7 +276,8 @@ class ReplicaCommunicator:
             self.flat.copy_(x / w)
             self.ps_weight.copy_(w[:, 0])
         if self.average_buffers:
-            self._average_buffers(g)
+            for stack in self.buffer_stacks:
+                _group_mean_(stack, g)
         if self.average_momentum:
             self._average_optimizer_state(g)
 
@@ -157,17 +286,13 @@ class ReplicaCommunicator:
         g = self.topology.levels[level].group_size
         if g == 1:
             return
-        for j in range(len(self.params[0])):
-            grads = [ps[j].grad for ps in self.params]
-            if all(gr is None for gr in grads):
+        for members in self._slots:
+            if all(p.grad is None for p in members):
                 continue
-            stack = torch.stack([
-                torch.zeros_like(ps[j]) if gr is None else gr
-                for ps, gr in zip(self.params, grads, strict=True)
-            ])
-            _group_mean_(stack, g)
-            for ps, row in zip(self.params, stack, strict=True):
-                ps[j].grad = row.clone()
+            for p in members:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            _mean_rows_(self._rows([p.grad for p in members]), g)
 
     @torch.no_grad()
     def gossip(self, step: int) -> None:
@@ -177,32 +302,35 @@ class ReplicaCommunicator:
 
     # -- extras ------------------------------------------------------------------------------
 
-    def _average_buffers(self, g: int) -> None:
-        bufs = [[b for b in m.buffers() if b.is_floating_point()] for m in self.models]
-        for j in range(len(bufs[0])):
-            stack = torch.stack([b[j] for b in bufs])
-            _group_mean_(stack, g)
-            for b, row in zip(bufs, stack, strict=True):
-                b[j].copy_(row)
-
     def _average_optimizer_state(self, g: int) -> None:
-        for j in range(len(self.params[0])):
-            states = [opt.state.get(ps[j], {}) for opt, ps in zip(self.optimizers, self.params,
-                                                                   strict=True)]
+        for members in self._slots:
+            states = [opt.state.get(p, {}) for opt, p in zip(self.optimizers, members,
+                                                             strict=True)]
             for key, value in states[0].items():
                 if not (torch.is_tensor(value) and value.is_floating_point()
-                        and value.shape == self.params[0][j].shape):
+                        and value.shape == members[0].shape):
                     continue
                 if any(key not in s or s[key] is None for s in states):
                     continue
-                stack = torch.stack([s[key] for s in states])
-                _group_mean_(stack, g)
-                for s, row in zip(states, stack, strict=True):
-                    s[key].copy_(row)
+                _mean_rows_(self._rows([s[key] for s in states]), g)
 
     def consensus_distance(self) -> float:
         """(1/K) sum_k ||w_k - w_bar||^2, the diversity measure of Sec. 3.3."""
         return float(((self.flat - self.flat.mean(0, keepdim=True)) ** 2).sum(1).mean())
+
+    def mean_model_(self, model: nn.Module) -> nn.Module:
+        """Write the replicas' mean into `model` (same architecture): trainable parameters from
+        the flat stack, float buffers from the buffer stacks; w-bar of Sec. 3.3."""
+        with torch.no_grad():
+            mean = self.flat.mean(0)
+            offset = 0
+            for p in (p for p in model.parameters() if p.requires_grad):
+                p.copy_(mean[offset : offset + p.numel()].view_as(p))
+                offset += p.numel()
+            bufs = [b for b in model.buffers() if b.is_floating_point()]
+            for b, stack in zip(bufs, self.buffer_stacks, strict=True):
+                b.copy_(stack.mean(0))
+        return model
 
     def state_dict(self) -> dict:
         return {"ps_weight": self.ps_weight.clone()}
@@ -211,21 +339,79 @@ class ReplicaCommunicator:
         self.ps_weight.copy_(state["ps_weight"])
 
 
-class ReplicaEngine:
-    """K replicas trained with local / hierarchical local SGD (+ outer update, gossip).
+class _Engine:
+    """What both replica engines share: schedule/driver bookkeeping, lr schedule, timing."""
+
+    driver: SyncDriver
+    comm: ReplicaCommunicator
+
+    def _init_common(self, schedule: SyncSchedule, seed: int, lr_schedule, device) -> int:
+        self.schedule, self.seed, self.lr_schedule = schedule, int(seed), lr_schedule
+        self.device = torch.device(device)
+        self.generators = [worker_generator(self.seed, r) for r in range(self.world_size)]
+        return schedule.topology.world_size
+
+    @property
+    def world_size(self) -> int:
+        return self.schedule.topology.world_size
+
+    @property
+    def t(self) -> int:
+        """Completed local updates."""
+        return self.driver.t
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def current_lr(self) -> float:
+        return float(self._optimizers()[0].param_groups[0]["lr"])
+
+    def _check_batches(self, batches: Sequence[Batch]) -> None:
+        if len(batches) != self.world_size:
+            raise ValueError(f"need {self.world_size} batches (one per worker), got {len(batches)}")
+
+    def _apply_lr_schedule(self) -> None:
+        if self.lr_schedule is None:
+            return
+        lr = float(self.lr_schedule(self.t))
+        for opt in self._optimizers():
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def _common_state(self) -> dict:
+        return {
+            "driver": self.driver.state_dict(),
+            "comm": self.comm.state_dict(),
+            "generators": [g.get_state() for g in self.generators],
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def _load_common_state(self, state: dict) -> None:
+        self.driver.load_state_dict(state["driver"])
+        self.comm.load_state_dict(state["comm"])
+        for g, s in zip(self.generators, state["generators"], strict=True):
+            g.set_state(s)
+        torch.set_rng_state(state["torch_rng"])
+
+
+class ReplicaEngine(_Engine):
+    """K replicas trained with local / hierarchical local SGD (+ outer update, gossip), run one
+    after the other.
 
     Args:
         model_fn: builds one model; called once under ``torch.manual_seed(seed)`` and copied K
             times, so all replicas start identical (Algorithm 1, line 1).
         schedule: the `SyncSchedule` (its topology fixes K).
-        optimizer_fn: builds the inner optimizer of one replica from its parameters; local
-            momentum lives here (App. D.1.1), e.g. ``lambda ps: torch.optim.SGD(ps, 0.1, 0.9)``.
+        optimizer_fn: builds the inner optimizer of one replica from its parameters (in
+            ``model.parameters()`` order); local momentum lives here (App. D.1.1), e.g.
+            ``lambda ps: torch.optim.SGD(ps, 0.1, 0.9)``.
         outer: optional `OuterUpdate` (block momentum, SlowMo, Nesterov); needed when the
             schedule has an ``outer_period``.
         lr_schedule: optional ``it -> lr`` (e.g. `localsgd.lr.LRSchedule`), set on every
             replica before update ``it + 1``.
         seed: fixes init; worker k's data stream is ``self.generators[k]`` seeded ``seed + k``.
         average_buffers / average_momentum / peers_per_step: see `ReplicaCommunicator`.
+        device: where the replicas live.
     """
 
     def __init__(
@@ -241,88 +427,84 @@ class ReplicaEngine:
         peers_per_step: int = 1,
         device: str | torch.device = "cpu",
     ):
-        self.schedule, self.seed = schedule, int(seed)
-        k = schedule.topology.world_size
+        k = self._init_common(schedule, seed, lr_schedule, device)
         torch.manual_seed(self.seed)
-        base = model_fn().to(device)
-        self.models = [copy.deepcopy(base) for _ in range(k)]
+        self._template = model_fn().to(device)  # never trained: the skeleton of averaged_model
+        self.models = [copy.deepcopy(self._template) for _ in range(k)]
         self.comm = ReplicaCommunicator(
             schedule.topology, self.models, None, average_buffers, False, peers_per_step
         )
         # optimizers after the rebinding so any eager state sees the final tensors
         self.optimizers = [optimizer_fn(m.parameters()) for m in self.models]
         self.comm.optimizers, self.comm.average_momentum = self.optimizers, average_momentum
-        self.lr_schedule = lr_schedule
         self.driver = SyncDriver(schedule, self.comm, outer)
-        self.generators = [worker_generator(self.seed, r) for r in range(k)]
 
-    @property
-    def world_size(self) -> int:
-        return len(self.models)
-
-    @property
-    def t(self) -> int:
-        """Completed local updates."""
-        return self.driver.t
-
-    def current_lr(self) -> float:
-        return float(self.optimizers[0].param_groups[0]["lr"])
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return self.optimizers
 
     def step(
         self,
-        batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        batches: Sequence[Batch],
+        loss_fn: LossFn,
+        stats: dict | None = None,
     ) -> tuple[list[float], Action]:
         """One local update on every replica (batches[k] = (inputs, targets) of worker k), then
-        whatever the schedule says. Returns the K losses (before the update) and the action."""
-        if len(batches) != self.world_size:
-            raise ValueError(f"need {self.world_size} batches (one per worker), got {len(batches)}")
-        if self.lr_schedule is not None:
-            lr = float(self.lr_schedule(self.t))
-            for opt in self.optimizers:
-                for group in opt.param_groups:
-                    group["lr"] = lr
-        losses = []
+        whatever the schedule says. Returns the K losses (before the update) and the action.
+
+        If `stats` is a dict it receives ``correct`` (K ints: argmax of the output == target on
+        worker k's batch, train mode, before the update; None per worker for floating targets)
+        and ``compute_seconds`` (K floats: wall time of worker k's zero_grad + forward +
+        backward + optimizer step; accelerators are synchronised before each clock read).
+        """
+        self._check_batches(batches)
+        self._apply_lr_schedule()
+        timed = stats is not None
+        now = _clock(self.device) if timed else time.perf_counter
+        losses, correct, seconds = [], [], []
         for model, opt, (x, y) in zip(self.models, self.optimizers, batches, strict=True):
+            t0 = now() if timed else 0.0
             model.train()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(x), y)
+            out = model(x)
+            loss = loss_fn(out, y)
             loss.backward()
-            losses.append(float(loss.detach()))
+            if timed:
+                seconds.append(now() - t0)
+                correct.append(_correct(out, y, 1))
+            losses.append(loss.detach())
         self.driver.before_step()
-        for opt in self.optimizers:
+        for r, opt in enumerate(self.optimizers):
+            t0 = now() if timed else 0.0
             opt.step()
+            if timed:
+                seconds[r] += now() - t0
         action = self.driver.after_step(self.current_lr())
-        return losses, action
+        if timed:
+            stats["correct"] = [None if c is None else int(c) for c in correct]
+            stats["compute_seconds"] = seconds
+        return torch.stack(losses).tolist(), action  # one device sync for all K losses
 
     def averaged_model(self) -> nn.Module:
         """A copy of replica 0 holding the average of all replicas (parameters and float
         buffers): the model to evaluate, w-bar of Sec. 3.3."""
-        model = copy.deepcopy(self.models[0])
-        with torch.no_grad():
-            mean = self.comm.flat.mean(0)
-            offset = 0
-            for p in (p for p in model.parameters() if p.requires_grad):
-                p.copy_(mean[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
-            all_bufs = [list(m.buffers()) for m in self.models]
-            for j, b in enumerate(model.buffers()):
-                if b.is_floating_point():
-                    b.copy_(torch.stack([bs[j] for bs in all_bufs]).mean(0))
-        return model
+        model = copy.deepcopy(self._template)
+        model.load_state_dict(self.models[0].state_dict())  # integer buffers, frozen params
+        return self.comm.mean_model_(model)
 
     def state_dict(self) -> dict:
         """Everything a resume needs; tensors are cloned (model tensors alias the live stack)."""
         return _clone_tensors({
             "models": [m.state_dict() for m in self.models],
             "optimizers": [o.state_dict() for o in self.optimizers],
-            "driver": self.driver.state_dict(),
-            "comm": self.comm.state_dict(),
-            "generators": [g.get_state() for g in self.generators],
-            "torch_rng": torch.get_rng_state(),
+            **self._common_state(),
         })
 
     def load_state_dict(self, state: dict) -> None:
+        if "optimizers" not in state:
+            raise ValueError(
+                "state has no per-replica 'optimizers' (saved by BatchedReplicaEngine?); load "
+                "it into a BatchedReplicaEngine built with the same arguments"
+            )
         if len(state["models"]) != self.world_size:
             raise ValueError(
                 f"state has {len(state['models'])} replicas, this engine has {self.world_size}"
@@ -331,8 +513,200 @@ class ReplicaEngine:
             m.load_state_dict(s)  # copies in place: parameters stay views of the stack
         for o, s in zip(self.optimizers, state["optimizers"], strict=True):
             o.load_state_dict(s)
-        self.driver.load_state_dict(state["driver"])
-        self.comm.load_state_dict(state["comm"])
-        for g, s in zip(self.generators, state["generators"], strict=True):
-            g.set_state(s)
-        torch.set_rng_state(state["torch_rng"])
+        self._load_common_state(state)
+
+
+def _reject_dropout(model: nn.Module) -> None:
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            raise ValueError(
+                f"BatchedReplicaEngine does not support dropout: module {name!r} has p={m.p}. "
+                "Under torch.vmap the K replicas' masks would come from one batched draw of the "
+                "global generator, not the K draws the sequential engine makes, so the batched "
+                "run would silently differ from ReplicaEngine; use ReplicaEngine or p=0"
+            )
+
+
+class BatchedReplicaEngine(_Engine):
+    """`ReplicaEngine` with all K replicas in one vmapped forward/backward.
+
+    Same constructor and surface as `ReplicaEngine` (``step``, ``t``, ``world_size``,
+    ``generators``, ``current_lr()``, ``averaged_model()``, ``state_dict()``, ``comm``,
+    ``driver``). The model is stacked with ``torch.func.stack_module_state``; its trainable
+    parameters become ``[K, *shape]`` views of the ``[K, n]`` stack ``comm.flat`` (so averaging,
+    gossip and the outer step are exactly `ReplicaCommunicator`'s) and its buffers ``[K, *shape]``
+    stacks (BatchNorm running statistics stay per replica; updated under vmap in train mode).
+    One step is ``vmap(functional_call(model, ...))`` over the stacked parameters, buffers and
+    batches, then ``losses.sum().backward()``: replica k's loss depends only on its own row, so
+    row k of each gradient is worker k's gradient.
+
+    ``optimizer_fn`` receives the stacked parameters (``self.params``, in
+    ``model.parameters()`` order; each has one more leading dim than the model's) and builds
+    ONE optimizer. For element-wise optimizers (SGD with momentum / weight decay / Nesterov,
+    Adam) that is exactly K independent optimizers; position-based param groups (e.g. BN
+    parameters without weight decay) work, ``p.dim()``-based ones see the extra dim. Optimizers
+    with cross-element state (LARS/LAMB trust ratios, gradient clipping by norm) would mix the
+    K replicas: use `ReplicaEngine` for those.
+
+    Limits: the K batches must have equal shapes (they are stacked); the model must not draw
+    random numbers in its forward (dropout with p > 0 raises: see `_reject_dropout`).
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[], nn.Module],
+        schedule: SyncSchedule,
+        optimizer_fn: Callable[[Any], torch.optim.Optimizer],
+        outer: OuterUpdate | None = None,
+        lr_schedule: Callable[[int], float] | None = None,
+        seed: int = 0,
+        average_buffers: bool = False,
+        average_momentum: bool = False,
+        peers_per_step: int = 1,
+        device: str | torch.device = "cpu",
+    ):
+        from torch.func import stack_module_state
+
+        k = self._init_common(schedule, seed, lr_schedule, device)
+        torch.manual_seed(self.seed)
+        self._template = model_fn().to(device)  # skeleton for functional_call; own tensors unused
+        _reject_dropout(self._template)
+        names = [n for n, _ in self._template.named_parameters()]
+        trainable = [n for n, p in self._template.named_parameters() if p.requires_grad]
+        if not trainable:
+            raise ValueError("model has no trainable parameters")
+        dtypes = {p.dtype for p in self._template.parameters() if p.requires_grad}
+        if len(dtypes) != 1:
+            raise ValueError(f"all parameters must share one dtype for the flat stack: {dtypes}")
+        # the replicas start identical (Algorithm 1, line 1): K references to one model suffice
+        params, buffers = stack_module_state([self._template] * k)
+        flat, views = _stack_into_flat([params[n].detach() for n in trainable])
+        stacked = dict(zip(trainable, views, strict=True))
+        self.params: dict[str, nn.Parameter] = {
+            n: nn.Parameter(stacked[n]) if n in stacked
+            else nn.Parameter(params[n].detach().clone(), requires_grad=False)
+            for n in names
+        }
+        self.buffers: dict[str, torch.Tensor] = {n: b.contiguous() for n, b in buffers.items()}
+        self.optimizer = optimizer_fn(list(self.params.values()))
+        self.comm = ReplicaCommunicator.stacked(
+            schedule.topology, flat, [self.params[n] for n in trainable],
+            [b for b in self.buffers.values() if b.is_floating_point()], self.optimizer,
+            average_buffers, average_momentum, peers_per_step,
+        )
+        self.driver = SyncDriver(schedule, self.comm, outer)
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
+    def _stack_batches(self, batches: Sequence[Batch]) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_batches(batches)
+        for r, (x, y) in enumerate(batches):
+            if (x.shape, y.shape, x.dtype, y.dtype) != (batches[0][0].shape, batches[0][1].shape,
+                                                         batches[0][0].dtype, batches[0][1].dtype):
+                raise ValueError(
+                    f"BatchedReplicaEngine stacks the K batches into one tensor, so they need "
+                    f"equal shapes and dtypes: batch {r} has inputs {tuple(x.shape)} {x.dtype} and "
+                    f"targets {tuple(y.shape)} {y.dtype}, batch 0 has "
+                    f"{tuple(batches[0][0].shape)} {batches[0][0].dtype} and "
+                    f"{tuple(batches[0][1].shape)} {batches[0][1].dtype}; give every worker the "
+                    "same local batch size (drop the last partial batch) or use ReplicaEngine"
+                )
+        return torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches])
+
+    def _forward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn):
+        from torch.func import functional_call
+
+        template = self._template
+
+        def one_replica(params, buffers, xk, yk):
+            out = functional_call(template, (params, buffers), (xk,))
+            return loss_fn(out, yk), out
+
+        # randomness="error": a random op in the forward fails loudly instead of sharing a mask
+        return torch.vmap(one_replica, randomness="error")(self.params, self.buffers, x, y)
+
+    def step(
+        self,
+        batches: Sequence[Batch],
+        loss_fn: LossFn,
+        stats: dict | None = None,
+    ) -> tuple[list[float], Action]:
+        """One local update on every replica, as one vmapped forward/backward and one optimizer
+        step over the stacks; then whatever the schedule says. Same contract as
+        `ReplicaEngine.step`, except that ``stats["compute_seconds"]`` gives every worker the
+        batched step's wall time / K (per-worker time is not separable inside one vmap)."""
+        x, y = self._stack_batches(batches)
+        self._apply_lr_schedule()
+        timed = stats is not None
+        now = _clock(self.device) if timed else time.perf_counter
+        t0 = now() if timed else 0.0
+        self._template.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        losses, out = self._forward(x, y, loss_fn)
+        losses.sum().backward()
+        seconds = now() - t0 if timed else 0.0
+        self.driver.before_step()
+        t0 = now() if timed else 0.0
+        self.optimizer.step()
+        if timed:
+            seconds += now() - t0
+        action = self.driver.after_step(self.current_lr())
+        if timed:
+            correct = _correct(out, y, 2)
+            stats["correct"] = ([None] * self.world_size if correct is None
+                                else correct.tolist())
+            stats["compute_seconds"] = [seconds / self.world_size] * self.world_size
+        return losses.detach().tolist(), action
+
+    def replica_state_dict(self, k: int) -> dict[str, torch.Tensor]:
+        """Replica k's model state (views of the live stacks), keyed like the model's own."""
+        state = self._template.state_dict(keep_vars=True)
+        missing = [n for n in state if n not in self.params and n not in self.buffers]
+        if missing:
+            raise ValueError(f"state entries {missing} are neither parameters nor buffers "
+                             "(shared parameters?); BatchedReplicaEngine cannot stack them")
+        return {n: (self.params[n] if n in self.params else self.buffers[n])[k].detach()
+                for n in state}
+
+    def averaged_model(self) -> nn.Module:
+        """A plain `nn.Module` holding the mean of the K replicas (parameters and float
+        buffers; integer buffers and frozen parameters from replica 0): w-bar of Sec. 3.3."""
+        model = copy.deepcopy(self._template)
+        model.load_state_dict(self.replica_state_dict(0))
+        return self.comm.mean_model_(model)
+
+    def state_dict(self) -> dict:
+        """Everything a resume needs. ``models`` holds K per-replica state dicts in the same
+        format as `ReplicaEngine.state_dict`; ``optimizer`` the one stacked optimizer."""
+        return _clone_tensors({
+            "models": [self.replica_state_dict(k) for k in range(self.world_size)],
+            "optimizer": self.optimizer.state_dict(),
+            **self._common_state(),
+        })
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        if "optimizer" not in state:
+            raise ValueError(
+                "state has no stacked 'optimizer' (saved by ReplicaEngine?); load it into a "
+                "ReplicaEngine built with the same arguments"
+            )
+        if len(state["models"]) != self.world_size:
+            raise ValueError(
+                f"state has {len(state['models'])} replicas, this engine has {self.world_size}"
+            )
+        for k, saved in enumerate(state["models"]):
+            live = self.replica_state_dict(k)
+            if saved.keys() != live.keys():
+                raise ValueError(f"replica {k}: state keys {sorted(saved)} differ from the "
+                                 f"model's {sorted(live)}; build the engine with the same model")
+            for n, t in live.items():
+                t.copy_(saved[n])  # in place: parameters stay views of the stack
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_common_state(state)
+
+
+def make_engine(batched: bool = False, **kwargs: Any) -> ReplicaEngine | BatchedReplicaEngine:
+    """`BatchedReplicaEngine(**kwargs)` if `batched` else `ReplicaEngine(**kwargs)`."""
+    return (BatchedReplicaEngine if batched else ReplicaEngine)(**kwargs)
