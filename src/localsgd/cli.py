@@ -13,6 +13,7 @@ from localsgd.results import repo_root
 BENCHES = {
     "averaging": "localsgd.bench_averaging",
     "convex": "localsgd.convex.bench",
+    "replicas": "localsgd.bench_replicas",
 }
 
 
