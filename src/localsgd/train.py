@@ -342,7 +342,7 @@ def train(
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
     batches of the epoch, before each update, augmented), test_loss / test_acc (averaged model),
-    lr, compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
+    lr_last (the lr of the epoch's last update), compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
     preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
     gradsync_l{i} (gradient all-reduces), plus the config.
     """
@@ -378,12 +378,12 @@ def train(
         acc, loss = evaluate(engine.averaged_model(), test_x, test_y, ds.mean, ds.std,
                              cfg.eval_batch)
         row = {
-            "epoch": t * k * b / n_train, "step": t, "lr": engine.current_lr(),
+            "epoch": t * k * b / n_train, "step": t, "lr_last": engine.current_lr(),
             "train_loss": tot.loss_sum / max(tot.seen, 1),
             "train_acc": 100.0 * tot.correct / max(tot.seen, 1),
             "test_loss": loss, "test_acc": acc,
             "compute_seconds": tot.compute_seconds, "data_seconds": tot.data_seconds,
-            "param_bytes": param_bytes, "n_train": n_train, "n_test": len(test_y),
+            "param_bytes": param_bytes, "train_images": n_train, "test_images": len(test_y),
         }
         for i, level in enumerate(topo.levels):
             row.update({f"group_l{i}": level.group_size, f"sync_l{i}": tot.sync[i],
@@ -443,6 +443,8 @@ def train(
         finally:
             bar.close()
     df = pd.DataFrame(records)
+    clash = set(df.columns) & set(cfg.to_dict())
+    assert not clash, f"record columns {clash} would be overwritten by config fields"
     for key, value in cfg.to_dict().items():
         df[key] = str(value) if isinstance(value, tuple | list) else value
     df["world_size"] = k

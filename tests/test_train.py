@@ -1,0 +1,156 @@
+"""The one training loop: tiny real trainings, determinism, checkpoint/resume, errors, time axis."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from localsgd import data, experiments, timing
+from localsgd.train import TrainConfig, load_checkpoint, train
+
+# columns that hold wall-clock measurements: everything else must repeat bitwise
+TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
+
+
+def _cifar_subset(n_train=256, n_test=128):
+    try:
+        ds = data.load_cifar("cifar10", download=False)
+    except FileNotFoundError:
+        pytest.skip("CIFAR-10 not available locally (set LOCALSGD_DATA); CI provides it")
+    return ds.subset(n_train, n_test, seed=0)
+
+
+@pytest.fixture(scope="module")
+def synth():
+    return data.synthetic_image_dataset(256, 64, num_classes=4, image_size=16, seed=0)
+
+
+TINY = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=2,
+                   local_batch=16, local_steps=2, epochs=3.0, lr=0.2, n_test=64)
+
+
+def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
+    cols = [c for c in a.columns if c not in TIMED]
+    pd.testing.assert_frame_equal(a[cols].reset_index(drop=True), b[cols].reset_index(drop=True),
+                                  check_exact=True)
+
+
+def test_real_cifar_subset_loss_falls():
+    ds = _cifar_subset()
+    cfg = TrainConfig(width=0.25, world_size=2, local_batch=32, local_steps=2, epochs=4.0,
+                      n_train=256, n_test=128)
+    rec = train(cfg, dataset=ds, progress=False)
+    assert len(rec) == 4  # one record per epoch
+    assert rec.train_loss.iloc[-1] < rec.train_loss.iloc[0]
+    assert rec.epoch.iloc[-1] == pytest.approx(4.0)
+    assert (rec.sync_l0.diff().dropna() > 0).all()  # averaging happened every epoch
+    assert rec.test_acc.between(0, 100).all()
+
+
+def test_synthetic_learns_and_counts_syncs(synth):
+    rec = train(TINY, dataset=synth, progress=False)
+    steps_per_epoch = 256 // 2 // 16
+    assert rec.step.tolist() == [steps_per_epoch * e for e in (1, 2, 3)]
+    assert rec.sync_l0.tolist() == [s // 2 for s in rec.step]  # H = 2
+    assert rec.train_loss.iloc[-1] < rec.train_loss.iloc[0]
+    assert rec.test_acc.iloc[-1] > 100 / 4 + 15  # above chance on a learnable toy set
+    # lr: 0.2, /10 at 50 % and 75 % of T = 24 updates (step 12 and 18)
+    assert rec.lr_last.tolist() == pytest.approx([0.2, 0.02, 0.002])
+
+
+def test_same_seed_is_bitwise_equal_and_other_seed_differs(synth):
+    a = train(TINY, dataset=synth, progress=False)
+    b = train(TINY, dataset=synth, progress=False)
+    _same(a, b)
+    c = train(dataclasses.replace(TINY, seed=1), dataset=synth, progress=False)
+    assert not math.isclose(a.train_loss.iloc[-1], c.train_loss.iloc[-1], rel_tol=1e-12)
+
+
+def test_resume_mid_epoch_is_bitwise_equal(synth, tmp_path):
+    ref = train(TINY, dataset=synth, progress=False)
+    ckpt = tmp_path / "run.pt"
+
+    def interrupt(t):
+        if t == 11:  # mid-epoch (8 updates per epoch)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY, dataset=synth, progress=False, checkpoint_path=ckpt, on_step=interrupt)
+    state = load_checkpoint(ckpt, TINY)
+    assert state["engine"]["driver"]["t"] == 11 and len(state["records"]) == 1
+    resumed = train(TINY, dataset=synth, progress=False, checkpoint_path=ckpt)
+    _same(ref, resumed)
+
+
+def test_periodic_checkpoint_and_bad_checkpoints(synth, tmp_path):
+    ckpt = tmp_path / "run.pt"
+    train(TINY, dataset=synth, progress=False, checkpoint_path=ckpt, checkpoint_every=1)
+    assert load_checkpoint(ckpt, TINY)["engine"]["driver"]["t"] == 24
+    other = dataclasses.replace(TINY, local_steps=4)
+    with pytest.raises(ValueError, match=r"another configuration \(local_steps: saved 2 vs now 4"):
+        train(other, dataset=synth, progress=False, checkpoint_path=ckpt)
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(ckpt.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt.pt is corrupt or not a localsgd checkpoint"):
+        train(TINY, dataset=synth, progress=False, checkpoint_path=corrupt)
+    assert load_checkpoint(ckpt, TINY)  # the good one is untouched
+    torch.save({"something": 1}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="not a localsgd training checkpoint"):
+        load_checkpoint(tmp_path / "foreign.pt", TINY)
+
+
+def test_hierarchical_warmups_and_block_momentum_run(synth):
+    cfg = dataclasses.replace(TINY, world_size=4, local_batch=8, block_size=2, block_steps=2,
+                              post_local_warmup_epochs=1.0, momentum_scheme="hybrid",
+                              scale_lr=True, base_batch=16, warmup_epochs=1.0, epochs=2.0)
+    rec = train(cfg, dataset=synth, progress=False)
+    # 8 updates per epoch; epoch 1 is post-local warm-up (global gradient all-reduce every
+    # update), epoch 2 averages blocks every H = 2 and the world every H * H^b = 4 updates
+    assert rec.gradsync_l1.tolist() == [8, 8]
+    assert rec.sync_l0.tolist() == [0, 2] and rec.sync_l1.tolist() == [0, 2]
+    assert rec.group_l0.iloc[0] == 2 and rec.group_l1.iloc[0] == 4
+    # App. C: peak 0.2 * K * B_loc / base_batch = 0.4, reached linearly over 8 updates; the
+    # record holds the lr of the epoch's last update (it = 7)
+    assert rec.lr_last.iloc[0] == pytest.approx(0.2 + (0.4 - 0.2) * 7 / 8)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="unknown TrainConfig field"):
+        TrainConfig.from_dict({"local_step": 2})
+    with pytest.raises(ValueError, match="block_size"):
+        TrainConfig(world_size=4, block_size=3, block_steps=2)
+    with pytest.raises(ValueError, match="momentum_scheme"):
+        TrainConfig(momentum_scheme="nesterov")
+    with pytest.raises(ValueError, match="larger than a worker's share"):
+        train(dataclasses.replace(TINY, local_batch=512),
+              dataset=data.synthetic_image_dataset(64, 16, num_classes=4, image_size=16),
+              progress=False)
+
+
+def test_modelled_time_prices_each_sync():
+    rec = pd.DataFrame({"step": [10, 20], "compute_seconds": [1.0, 2.0], "param_bytes": 4e6,
+                        "world_size": 4, "group_l0": 2, "sync_l0": [5, 10], "gradsync_l0": 0,
+                        "group_l1": 4, "sync_l1": [1, 2], "gradsync_l1": [0, 1]})
+    flat = timing.Cluster(gpus_per_node=2, intra_gbps=80.0, inter_gbps=8.0, latency_s=0.0)
+    t = timing.modelled_time(rec, flat)
+    intra = 2 * (1 / 2) * 4e6 * 8 / 80e9  # ring all-reduce bytes in a node
+    inter = 2 * (3 / 4) * 4e6 * 8 / 8e9
+    assert t.tolist() == pytest.approx([1 + 5 * intra + inter, 2 + 10 * intra + 3 * inter])
+    delayed = dataclasses.replace(flat, extra_global_seconds=1.0)
+    assert (timing.modelled_time(rec, delayed) - t).tolist() == pytest.approx([1.0, 3.0])
+
+
+def test_time_to_accuracy_and_speedups():
+    assert experiments.time_to_accuracy([1, 2, 3], [10, 50, 70], 30) == pytest.approx(1.5)
+    assert math.isnan(experiments.time_to_accuracy([1, 2], [10, 20], 30))
+    rec = pd.DataFrame({"seed": 0, "local_steps": [1, 1, 4, 4], "step": [1, 2, 1, 2],
+                        "time_s": [2.0, 4.0, 1.0, 2.0], "train_acc": [40, 60, 40, 60]})
+    tab = experiments.speedup_table(rec)
+    assert tab.set_index("local_steps").speedup.to_dict() == pytest.approx({1: 1.0, 4: 2.0})
+    c, s = experiments.step_costs_from_running_times(2.42, 1.55, 8, 58593)
+    assert 58593 * (c + s) / 3600 == pytest.approx(2.42)
+    assert 58593 * (c + s / 8) / 3600 == pytest.approx(1.55)
