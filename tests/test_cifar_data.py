@@ -161,6 +161,31 @@ def test_corrupt_cache_is_decoded_again(tiny_cifar100, part, damage):
     assert "decoded cache" in data.load_cifar("cifar100", expected_counts=None).source
 
 
+def test_torchvision_pickle_layout(isolated, monkeypatch):
+    """A (tiny) ``cifar-10-batches-py/`` in torchvision's format: rows are R, G, B planes."""
+    import pickle
+
+    import torchvision.datasets.cifar as tv_cifar
+
+    monkeypatch.setattr(tv_cifar, "check_integrity", lambda *a, **k: True)  # md5s are of the real
+    folder = isolated / "data" / "cifar-10-batches-py"
+    folder.mkdir()
+    rows = np.random.default_rng(0).integers(0, 256, (12, 3 * 32 * 32), dtype=np.uint8)
+    files = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for i, fname in enumerate(files):
+        entry = {"data": rows[2 * i: 2 * i + 2], "labels": [i, 9 - i]}
+        (folder / fname).write_bytes(pickle.dumps(entry))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": list(data.CIFAR10_CLASSES)}))
+    ds = data.load_cifar("cifar10", download=False, expected_counts=None)
+    assert ds.source == f"torchvision pickles {folder}"
+    assert torch.equal(ds.train_x, torch.from_numpy(rows[:10]).view(10, 3, 32, 32))
+    assert torch.equal(ds.test_x, torch.from_numpy(rows[10:]).view(2, 3, 32, 32))
+    assert ds.train_y.tolist() == [0, 9, 1, 8, 2, 7, 3, 6, 4, 5] and ds.test_y.tolist() == [5, 4]
+    assert ds.classes == list(data.CIFAR10_CLASSES)
+    again = data.load_cifar("cifar10", download=False, expected_counts=None)
+    assert "decoded cache" in again.source and "cifar10-pickle-" in again.source
+
+
 def test_corrupt_archive_is_a_clear_error(isolated):
     good = _write_tar(isolated / "good.tar.gz", _tiny_cifar100_files(n_train=1, n_test=1))
     bad = isolated / "data" / "cifar100-jpeg.tar.gz"

@@ -150,7 +150,8 @@ def _npz_save(path: Path, A: np.ndarray, b: np.ndarray) -> None:
         np.savez(fh, A=A, b=b)
 
 
-def load_libsvm(name_or_path: str | Path, *, download: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def load_libsvm(name_or_path: str | Path, *,
+                download: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Load a LIBSVM data set as dense ``(A, b)``: ``A`` n × d float64, ``b`` n float64.
 
     ``name_or_path`` is a built-in name (``"w8a"``) or a path to any LIBSVM file. A named set is
@@ -187,7 +188,8 @@ def load_libsvm(name_or_path: str | Path, *, download: bool = True) -> tuple[np.
         try:
             raw = _download(spec.url, dest, spec.sha256)
         except (OSError, ValueError) as err:  # URLError is an OSError
-            raise FileNotFoundError(_missing_message(name, spec, f"download failed: {err}")) from err
+            why = f"download failed: {err}"
+            raise FileNotFoundError(_missing_message(name, spec, why)) from err
     got = sha256_file(raw)
     if got != spec.sha256:
         raise ValueError(f"{raw}: sha256 {got} does not match {name}'s {spec.sha256}")
@@ -369,13 +371,8 @@ def _find_cifar(name: str) -> tuple[_Source | None, list[Path]]:
             if cand.name == CIFAR_DATASETS[name].torchvision_folder:
                 if cand.is_dir():
                     return _Source("pickle", cand), looked
-            elif cand.is_file():
-                return _Source("jpeg", cand), looked
-            elif cand.is_dir():
-                if not ((cand / "train").is_dir() and (cand / "test").is_dir()):
-                    raise ValueError(f"{cand} has no train/ and test/ folders; an image-folder "
-                                     f"copy of {name} is laid out train/<class>/*.jpg and "
-                                     "test/<class>/*.jpg")
+            elif cand.is_file() or ((cand / "train").is_dir() and (cand / "test").is_dir()):
+                # a folder without train/ and test/ is something else (e.g. a torchvision root)
                 return _Source("jpeg", cand), looked
     return None, looked
 
@@ -386,7 +383,7 @@ def _source_key(name: str, source: _Source) -> str:
     if source.kind == "pickle":
         from torchvision import datasets
 
-        # torchvision md5-checks the pickles before reading, so their content is the canonical one
+        # torchvision md5-checks the pickles it reads: every valid copy has the same content
         h.update(getattr(datasets, CIFAR_DATASETS[name].torchvision_class).tgz_md5.encode())
     elif source.path.is_file():
         with open(source.path, "rb") as fh:
@@ -411,9 +408,10 @@ def load_cifar(name: str = "cifar10", *, download: bool = True,
        (``.tgz``, ``.tar``) or as a folder ``<name>-jpeg/`` or ``<name>/``. Class folders sort into
        label order (CIFAR's canonical order is alphabetical). Tar members are read in place.
     2. a decoded cache ``cache_dir()/cifar/<name>-<jpeg|pickle>-<key>.npz`` plus
-       ``.images.npy`` (uint8, written atomically, images checked by CRC-32). The key hashes the source (archive bytes, folder listing, or the canonical
-       archive's md5), so a JPEG copy and the canonical pickles never share an entry. A corrupt
-       or invalid entry is decoded again, not trusted.
+       ``.images.npy`` (uint8, written atomically, images checked by CRC-32). The key hashes the
+       source (archive bytes, folder listing, or the canonical archive's md5), so a JPEG copy and
+       the canonical pickles never share an entry. A corrupt or invalid entry is decoded again,
+       not trusted.
     3. ``torchvision.datasets.CIFAR10/100(root=cache_dir(), download=True)`` (md5-checked), only
        when ``download`` is true.
 
@@ -597,7 +595,8 @@ def _is_image_name(name: str) -> bool:
     return not name.startswith(".") and name.lower().endswith(_IMAGE_SUFFIXES)
 
 
-def _decode_records(records: _Records, where: str):
+def _decode_records(records: _Records,
+                    where: str) -> tuple[list[str], tuple[list[torch.Tensor], list[torch.Tensor]]]:
     """Decode every image (PIL, one core) into ``[N, 3, H, W]`` uint8, class-major."""
     from PIL import Image, UnidentifiedImageError
 
