@@ -186,3 +186,7 @@ def test_make_engine_and_dropout_zero():
         e.step(data, nn.functional.cross_entropy)  # t = 2: average
     assert torch.allclose(seq.comm.flat, bat.comm.flat, atol=1e-6)
     assert bat.comm.consensus_distance() == 0 and bat.t == 2 and bat.world_size == 2
+    for e in (seq, bat):  # floating targets (regression): "correct" has no meaning
+        stats = {}
+        e.step([(x, torch.randn(5, 2)) for x, _ in data], nn.functional.mse_loss, stats=stats)
+        assert stats["correct"] == [None, None] and len(stats["compute_seconds"]) == 2

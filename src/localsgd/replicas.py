@@ -110,7 +110,10 @@ def _clock(device: torch.device) -> Callable[[], float]:
         return time.perf_counter
 
     def now() -> float:
-        sync(device) if device.type == "cuda" else sync()
+        if device.type == "cuda":
+            sync(device)
+        else:
+            sync()
         return time.perf_counter()
 
     return now
@@ -450,6 +453,8 @@ class ReplicaEngine(_Engine):
     ) -> tuple[list[float], Action]:
         """One local update on every replica (batches[k] = (inputs, targets) of worker k), then
         whatever the schedule says. Returns the K losses (before the update) and the action.
+        A replica in eval mode is put back in train mode (a sub-module left in eval mode on
+        purpose, e.g. frozen BatchNorm, stays so).
 
         If `stats` is a dict it receives ``correct`` (K ints: argmax of the output == target on
         worker k's batch, train mode, before the update; None per worker for floating targets)
@@ -463,7 +468,8 @@ class ReplicaEngine(_Engine):
         losses, correct, seconds = [], [], []
         for model, opt, (x, y) in zip(self.models, self.optimizers, batches, strict=True):
             t0 = now() if timed else 0.0
-            model.train()
+            if not model.training:  # Module.train() walks every module: ~1 us each, per step
+                model.train()
             opt.zero_grad(set_to_none=True)
             out = model(x)
             loss = loss_fn(out, y)
@@ -641,7 +647,8 @@ class BatchedReplicaEngine(_Engine):
         timed = stats is not None
         now = _clock(self.device) if timed else time.perf_counter
         t0 = now() if timed else 0.0
-        self._template.train()
+        if not self._template.training:
+            self._template.train()
         self.optimizer.zero_grad(set_to_none=True)
         losses, out = self._forward(x, y, loss_fn)
         losses.sum().backward()
