@@ -229,6 +229,9 @@ def test_decoded_cache_serves_when_source_is_gone(tiny_cifar100):
 def test_load_image_dataset_dispatches_by_name(isolated):
     syn = data.load_image_dataset("synthetic", n_train=40, n_test=20, seed=1)
     assert syn.name == "synthetic" and syn.train_x.shape == (40, 3, 32, 32)
+    default = data.load_image_dataset("synthetic")
+    assert (len(default.train_y), len(default.test_y)) == data.SYNTHETIC_COUNTS
+    assert default.num_classes == 10 and default.test_x.shape[1:] == (3, 32, 32)
     # a missing real data set is an error, never a silent synthetic stand-in
     with pytest.raises(FileNotFoundError, match="LOCALSGD_DATA"):
         data.load_image_dataset("cifar10", download=False)

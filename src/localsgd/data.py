@@ -709,15 +709,19 @@ def imagenet_folders(root: str | Path | None = None, *, image_size: int = 224,
 
 
 IMAGE_DATASETS = ("cifar10", "cifar100", "synthetic", "imagenet")
+SYNTHETIC_COUNTS = (5_000, 1_000)  # (train, test) when "synthetic" is loaded by name alone
 
 
 def load_image_dataset(name: str, **kwargs: Any) -> ImageDataset | ImageFolders:
     """Dispatch by name: ``cifar10``/``cifar100`` → ``load_cifar``, ``synthetic`` →
-    ``synthetic_image_dataset`` (needs ``n_train``, ``n_test``), ``imagenet`` →
-    ``imagenet_folders``. ``kwargs`` go to that function."""
+    ``synthetic_image_dataset`` (``n_train``/``n_test`` default to ``SYNTHETIC_COUNTS``, a
+    CIFAR-10-shaped set a tenth the size), ``imagenet`` → ``imagenet_folders``. ``kwargs`` go to
+    that function."""
     if name in CIFAR_DATASETS:
         return load_cifar(name, **kwargs)
     if name == "synthetic":
+        kwargs.setdefault("n_train", SYNTHETIC_COUNTS[0])
+        kwargs.setdefault("n_test", SYNTHETIC_COUNTS[1])
         return synthetic_image_dataset(**kwargs)
     if name == "imagenet":
         return imagenet_folders(**kwargs)
