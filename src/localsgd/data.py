@@ -4,7 +4,7 @@ Folders: ``$LOCALSGD_DATA`` (read-only copies a user or CI provides) is searched
 writable cache ``cache_dir()`` (``$LOCALSGD_CACHE`` or ``~/.cache/localsgd``), where downloads
 and parsed arrays go.
 
-Sections: folders · LIBSVM (w8a, the convex experiments of §3.4 / Appendix E) · images (CIFAR-10/100
+Sections: checksums/downloads · LIBSVM (w8a, the convex experiments of §3.4 / Appendix E) · images (CIFAR-10/100
 and ImageNet, §4.1) · the per-epoch data partition of §4.2.1 · batched augmentation on tensors.
 """
 
@@ -28,7 +28,7 @@ import torch
 from localsgd.paths import atomic_path, cache_dir, data_dirs  # data.cache_dir/data_dirs are public
 
 # ----------------------------------------------------------------------------------------------
-# Folders
+# Checksums and downloads (the folders themselves live in paths.py)
 # ----------------------------------------------------------------------------------------------
 
 
