@@ -255,8 +255,8 @@ class ReplicaCommunicator:
         for t, ptr, label in self._aliases:
             if t.data_ptr() != ptr:
                 raise RuntimeError(
-                    f"{label} no longer aliases its row of the [K, n] stack (its .data was "
-                    "rebound); update parameters in place, e.g. p.copy_(...) or "
+                    f"{label} no longer aliases its row of the replica stack (its .data was "
+                    "rebound); update parameters and buffers in place, e.g. p.copy_(...) or "
                     "model.load_state_dict(state)"
                 )
 
@@ -343,7 +343,7 @@ class ReplicaCommunicator:
 
 
 class _Engine:
-    """What both replica engines share: schedule/driver bookkeeping, lr schedule, timing."""
+    """What both replica engines share: schedule/driver bookkeeping, lr schedule, resume state."""
 
     driver: SyncDriver
     comm: ReplicaCommunicator
