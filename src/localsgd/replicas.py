@@ -363,6 +363,22 @@ class _Engine:
         """Completed local updates."""
         return self.driver.t
 
+    @property
+    def local_ranks(self) -> list[int]:
+        """The workers this process runs: all K (under torchrun each process runs one)."""
+        return list(range(self.world_size))
+
+    def all_gather_object(self, obj: Any) -> list:
+        """One ``obj`` from every process, in rank order (here: this process only); the training
+        loop's one point of contact with other processes (torch.distributed.all_gather_object
+        under torchrun)."""
+        return [obj]
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of one worker's parameters: what one model average moves."""
+        return int(self.comm.flat[0].numel() * self.comm.flat.element_size())
+
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         raise NotImplementedError
 

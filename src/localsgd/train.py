@@ -292,7 +292,8 @@ class _Totals:
     data_seconds: float = 0.0
     sync: list[int] = field(default_factory=list)
     gradsync: list[int] = field(default_factory=list)
-    # sums over the current epoch, reset at each record
+    # this process's workers over the current epoch, combined across processes at each record
+    step_seconds: list[list[float]] = field(default_factory=list)
     loss_sum: float = 0.0
     correct: int = 0
     seen: int = 0
@@ -359,11 +360,11 @@ def train(
     test_x, test_y = ds.test_x.to(device), ds.test_y.to(device)
     augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
     dtype = getattr(torch, cfg.dtype)
-    flat = engine.comm.flat_params()  # [K, n]: one row per worker
-    param_bytes = int(flat[0].numel() * flat.element_size())
+    ranks = engine.local_ranks  # the workers this process runs (all K in the replica engine)
 
     records: list[dict] = []
-    tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels)
+    tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels,
+                  step_seconds=[[] for _ in ranks])
     if checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
         state = load_checkpoint(checkpoint_path, cfg)
         engine.load_state_dict(state["engine"])
@@ -377,19 +378,28 @@ def train(
     def record(t: int) -> None:
         acc, loss = evaluate(engine.averaged_model(), test_x, test_y, ds.mean, ds.std,
                              cfg.eval_batch)
+        # the median worker of every step (mean of the middle two for even K), as if the K
+        # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
+        per_worker = [w for proc in engine.all_gather_object(tot.step_seconds) for w in proc]
+        if per_worker and per_worker[0]:
+            times = torch.tensor(per_worker, dtype=torch.float64)
+            tot.compute_seconds += float(times.quantile(0.5, dim=0).sum())
+        loss_sum, correct, seen = (sum(v) for v in zip(
+            *engine.all_gather_object((tot.loss_sum, tot.correct, tot.seen)), strict=True))
         row = {
             "epoch": t * k * b / n_train, "step": t, "lr_last": engine.current_lr(),
-            "train_loss": tot.loss_sum / max(tot.seen, 1),
-            "train_acc": 100.0 * tot.correct / max(tot.seen, 1),
+            "train_loss": loss_sum / max(seen, 1), "train_acc": 100.0 * correct / max(seen, 1),
             "test_loss": loss, "test_acc": acc,
             "compute_seconds": tot.compute_seconds, "data_seconds": tot.data_seconds,
-            "param_bytes": param_bytes, "train_images": n_train, "test_images": len(test_y),
+            "param_bytes": engine.param_bytes, "train_images": n_train,
+            "test_images": len(test_y),
         }
         for i, level in enumerate(topo.levels):
             row.update({f"group_l{i}": level.group_size, f"sync_l{i}": tot.sync[i],
                         f"gradsync_l{i}": tot.gradsync[i]})
         records.append(row)
         tot.loss_sum, tot.correct, tot.seen = 0.0, 0, 0
+        tot.step_seconds = [[] for _ in ranks]
 
     partition_epoch, parts = -1, None
     bar = tqdm(total=total, initial=engine.t, disable=not progress, leave=False,
@@ -404,19 +414,20 @@ def train(
                     partition_epoch = epoch
                 t0 = time.perf_counter()
                 batches = []
-                for w in range(k):
+                for w, gen in zip(ranks, engine.generators, strict=True):
                     idx = parts[w, pos * b:(pos + 1) * b]
                     xb = train_x[idx]
-                    xb = (augment(xb, engine.generators[w]) if augment is not None
+                    xb = (augment(xb, gen) if augment is not None
                           else data_mod.normalize(xb, ds.mean, ds.std))
                     batches.append((xb.to(dtype), train_y[idx]))
                 tot.data_seconds += time.perf_counter() - t0
                 stats: dict = {}
                 losses, action = engine.step(batches, nn.functional.cross_entropy, stats=stats)
-                tot.compute_seconds += float(torch.tensor(stats["compute_seconds"]).median())
+                for times, seconds in zip(tot.step_seconds, stats["compute_seconds"], strict=True):
+                    times.append(seconds)
                 tot.loss_sum += sum(losses) * b
                 tot.correct += sum(stats["correct"])
-                tot.seen += k * b
+                tot.seen += len(ranks) * b
                 if action.level is not None:
                     tot.sync[action.level] += 1
                 if action.allreduce_grads_level is not None:
