@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import io
 import os
-import socket
+import shutil
+import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -18,20 +19,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world_size: int, port: int, threads: int, fn, args, queue) -> None:
+def _worker(rank: int, world_size: int, store_file: str, threads: int, fn, args,
+            queue) -> None:
     # Each worker is a fresh interpreter (spawn), so pin threads before any tensor work.
     torch.set_num_threads(threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        # A FileStore rendezvous: no TCP port is picked in advance, so parallel test runs
+        # (pytest-xdist) cannot race for one; gloo's own sockets bind to ports the OS assigns.
+        dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
+                                world_size=world_size)
         result = fn(rank, world_size, *args)
         # Serialise to bytes: tensors sent through a torch queue would travel as shared-memory
         # handles that die with this process.
@@ -59,9 +55,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1,
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    store_dir = tempfile.mkdtemp(prefix="localsgd-spawn-")
+    store_file = os.path.join(store_dir, "store")
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, threads, fn, args, queue),
+        ctx.Process(target=_worker, args=(r, world_size, store_file, threads, fn, args, queue),
                     daemon=True)
         for r in range(world_size)
     ]
@@ -85,6 +82,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, threads: int = 1,
         if p.is_alive():
             p.kill()
             p.join()
+    shutil.rmtree(store_dir, ignore_errors=True)
     if errors:
         raise RuntimeError("spawned worker failed:\n" + "\n".join(errors))
     return [results[r] for r in range(world_size)]
