@@ -61,3 +61,52 @@ def test_table01_paper_yaml():
     assert p["B_loc"] == value("Table 1", "setup", "B_loc")
     assert p["n_seeds"] == value("Table 1", "setup", "runs averaged")
     assert p["warmup_epochs"] == value("Appendix C", "large-batch tricks", "learning rate warm-up")
+
+
+def test_fig07_paper_yaml():
+    p = paper("fig07_scaling")
+    _full_scale(p)
+    assert min(p["Ks"]) == value("Figure 7", "setup", "K min")
+    assert max(p["Ks"]) == value("Figure 7", "setup", "K max")
+    assert max(p["Hs"]) == value("Figure 7", "setup", "H max") and min(p["Hs"]) == 1
+    assert p["B_loc"] == value("Figure 7", "setup", "B_loc")
+    assert p["inter_gbps"] == value("Figure 7", "setup", "network bandwidth")
+    assert p["target_acc"] == value("Figure 7", "setup", "target test top-1")
+    assert p["n_seeds"] == value("Figure 7", "setup", "runs averaged")
+    assert p["gpus_per_node"] == 2  # 8x2-GPU cluster
+
+
+def test_fig09_and_table03_paper_yaml():
+    p = paper("fig09_hierarchical")
+    _full_scale(p)
+    assert p["K"] == value("Figure 9", "setup", "nodes") * value("Figure 9", "setup", "GPUs per node")
+    assert p["block_size"] == value("Figure 9", "setup", "GPUs per node")
+    assert min(p["Hbs"]) == value("Figure 9", "setup", "Hb min")
+    assert max(p["Hbs"]) == value("Figure 9", "setup", "Hb max")
+    assert p["H"] == value("Figure 9", "panel=a", "H")
+    assert sorted(p["delays_s"]) == [0.0, value("Figure 9", "panel=b", "added delay per global sync"),
+                                     value("Figure 9", "panel=c", "added delay per global sync")]
+    t3 = paper("table03_topologies")
+    _full_scale(t3)
+    cells = REPORTED[(REPORTED.artifact == "Table 3") & (REPORTED.metric == "test top-1")]
+    assert sorted(t3["topologies"]) == sorted({s.split("; ")[0] for s in cells.setting})
+    pairs = {tuple(int(x.split("=")[1]) for x in s.split("; ")[1:]) for s in cells.setting}
+    assert sorted(map(tuple, t3["H_Hbs"])) == sorted(pairs)
+    assert all(h * hb == 16 for h, hb in t3["H_Hbs"]) and t3["K"] == 16
+
+
+def test_table05_and_fig10_paper_yaml():
+    p = paper("table05_models")
+    assert p["widths"] == [1.0, 1.0, 1.0] and p["n_train"] is None and p["n_test"] is None
+    assert p["models"] == ["resnet20", "densenet40_12", "wrn28_10"]
+    assert p["epochs"] == value("Section 4.2.1", "CIFAR; ResNet-20", "epochs")
+    t5 = REPORTED[(REPORTED.artifact == "Table 5") & (REPORTED.metric == "test top-1")]
+    assert sorted(p["Hs"]) == sorted({int(s.rsplit("H=", 1)[1]) for s in t5.setting})
+    assert {f"K={p['K']}" in s for s in t5.setting} == {True}
+    assert p["warmup_epochs"] == value("Appendix C", "large-batch tricks", "learning rate warm-up")
+    f10 = paper("fig10_cifar100")
+    _full_scale({**f10, "dataset": "cifar10"})
+    assert f10.get("dataset", "cifar100") == "cifar100"
+    assert f10["K"] == value("Figure 10", "setup", "K")
+    assert f10["B_loc"] == value("Figure 10", "setup", "B_loc")
+    assert max(f10["Hs"]) == value("Figure 10", "setup", "H max") and min(f10["Hs"]) == 1

@@ -154,3 +154,15 @@ def test_time_to_accuracy_and_speedups():
     c, s = experiments.step_costs_from_running_times(2.42, 1.55, 8, 58593)
     assert 58593 * (c + s) / 3600 == pytest.approx(2.42)
     assert 58593 * (c + s / 8) / 3600 == pytest.approx(1.55)
+
+
+def test_modelled_time_of_flat_and_hierarchical_runs_together():
+    flat = pd.DataFrame({"step": [8], "compute_seconds": [1.0], "param_bytes": 1e6,
+                         "world_size": 4, "group_l0": 4, "sync_l0": [2], "gradsync_l0": 0})
+    hier = flat.assign(group_l0=2, sync_l0=[4], group_l1=4, sync_l1=[2], gradsync_l1=0)
+    both = pd.concat([flat, hier], ignore_index=True)  # the flat run has NaN for level 1
+    cluster = timing.Cluster(gpus_per_node=2, latency_s=0.0)
+    t = timing.modelled_time(both, cluster)
+    assert t.tolist() == pytest.approx([timing.modelled_time(flat, cluster)[0],
+                                        timing.modelled_time(hier, cluster)[0]])
+    assert t[1] > t[0]  # four more node-local rounds

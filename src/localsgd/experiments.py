@@ -19,13 +19,31 @@ from localsgd.train import TrainConfig, run_cached
 
 __all__ = [
     "claim_verdict",
+    "dataset_available",
     "run_grid",
+    "scaling_table",
     "speedup_table",
     "step_costs_from_running_times",
     "table01_configs",
     "time_to_accuracy",
     "with_time",
 ]
+
+
+def dataset_available(name: str, *, download: bool = False) -> tuple[bool, str]:
+    """(True, where) if image data set ``name`` loads here, else (False, the loader's message).
+
+    Notebooks use it to report "data unavailable" in their status instead of substituting
+    another data set (e.g. CIFAR-100 on machines without a copy).
+    """
+    from localsgd import data
+
+    kwargs = {"download": download} if name in data.CIFAR_DATASETS else {}
+    try:
+        ds = data.load_image_dataset(name, **kwargs)
+    except FileNotFoundError as err:
+        return False, str(err)
+    return True, getattr(ds, "source", name)
 
 
 def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress: bool = True,
@@ -65,7 +83,8 @@ def with_time(records: pd.DataFrame, cluster: Cluster, *,
     if sync_seconds is None:
         comm = modelled_time(out, cluster) - out["compute_seconds"]
     else:
-        rounds = sum(out[c] for c in out.columns if c.startswith(("sync_l", "gradsync_l")))
+        rounds = sum(out[c].fillna(0) for c in out.columns
+                     if c.startswith(("sync_l", "gradsync_l")))
         comm = rounds * sync_seconds
     out[column] = compute + comm
     return out
@@ -120,6 +139,29 @@ def speedup_table(records: pd.DataFrame, *, time_col: str = "time_s", acc_col: s
             rows.append({"seed": seed, by: key, "target_acc": tgt, "time_to_target": t,
                          "speedup": times[baseline] / t if t > 0 else math.nan})
     return pd.DataFrame(rows)
+
+
+def scaling_table(records: pd.DataFrame, *, target: float, baseline: dict,
+                  time_col: str = "time_s", acc_col: str = "test_acc",
+                  keys: Sequence[str] = ("world_size", "local_steps")) -> pd.DataFrame:
+    """Time to ``target`` accuracy per run and its speed-up over the ``baseline`` run of the same
+    seed (Figure 7: speed-up over the 1×2-GPU mini-batch run), with the final accuracy."""
+    rows = []
+    for (seed, *key), run in records.groupby(["seed", *keys]):
+        run = run.sort_values("step")
+        rows.append({"seed": seed, **dict(zip(keys, key, strict=True)),
+                     "time_to_target": time_to_accuracy(run[time_col], run[acc_col], target),
+                     "final_test_acc": float(run[acc_col].iloc[-1]),
+                     "best_test_acc": float(run[acc_col].max()), "target_acc": target})
+    out = pd.DataFrame(rows)
+    base = out
+    for k, v in baseline.items():
+        base = base[base[k] == v]
+    if base.empty:
+        raise ValueError(f"no run matches the baseline {baseline}")
+    ref = base.set_index("seed").time_to_target
+    out["speedup"] = out.seed.map(ref) / out.time_to_target
+    return out
 
 
 def claim_verdict(values: Sequence[float], threshold: float, *, higher_is_better: bool = True,

@@ -183,9 +183,125 @@ def modelled_time(records: pd.DataFrame, cluster: Cluster) -> pd.Series:
     comm = pd.Series(0.0, index=records.index)
     levels = sorted(int(c[len("group_l"):]) for c in records.columns if c.startswith("group_l"))
     for i in levels:
-        cost = [cluster.allreduce_seconds(int(g), float(b), int(k)) for g, b, k in
-                zip(records[f"group_l{i}"], records["param_bytes"], records["world_size"],
-                    strict=True)]
-        rounds = records[f"sync_l{i}"] + records[f"gradsync_l{i}"]
+        # runs with fewer levels (flat beside hierarchical) have NaN here: no such level
+        cost = [0.0 if pd.isna(g) else cluster.allreduce_seconds(int(g), float(b), int(k))
+                for g, b, k in zip(records[f"group_l{i}"], records["param_bytes"],
+                                   records["world_size"], strict=True)]
+        rounds = records[f"sync_l{i}"].fillna(0) + records[f"gradsync_l{i}"].fillna(0)
         comm += rounds * pd.Series(cost, index=records.index)
     return records["compute_seconds"] + comm
+
+
+# ----------------------------------------------------------------------------------------------
+# Stragglers and the measured compute / waiting / communication split (torchrun runner)
+# ----------------------------------------------------------------------------------------------
+
+_STRAGGLER_SALT = 0x57A6  # keeps the stall draws apart from every other stream seeded by `seed`
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Emulated stragglers, as in the PyTorch hierarchical-SGD blog ("Experimental Setup": every
+    step, each worker stalls for 1 s with probability 1-2 %).
+
+    At local update ``t`` worker ``rank`` stalls for ``seconds`` with probability ``rate``,
+    independently per worker and step: the draw is a pure function of (seed, rank, t), so a
+    resumed run stalls exactly where the uninterrupted one did. Ranks in ``persistent`` stall at
+    every step (the blog's "persistent stragglers", which hierarchy cannot mitigate).
+    """
+
+    seconds: float = 0.0
+    rate: float = 0.0
+    persistent: tuple[int, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.seconds >= 0:
+            raise ValueError(f"straggler seconds={self.seconds!r}: must be >= 0")
+        if not 0.0 <= self.rate <= 1.0:
+            raise ValueError(f"straggler rate={self.rate!r}: must be a probability in [0, 1]")
+        ranks = tuple(self.persistent)
+        if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
+            raise ValueError(f"persistent straggler ranks {ranks!r}: must be integers >= 0")
+        object.__setattr__(self, "persistent", ranks)
+
+    @property
+    def active(self) -> bool:
+        return self.seconds > 0 and (self.rate > 0 or bool(self.persistent))
+
+    def stall(self, rank: int, t: int) -> float:
+        """Seconds worker ``rank`` stalls at local update ``t`` (0.0 or ``seconds``)."""
+        if not self.active:
+            return 0.0
+        if rank in self.persistent:
+            return float(self.seconds)
+        if self.rate <= 0:
+            return 0.0
+        import numpy as np
+
+        u = np.random.default_rng([self.seed, _STRAGGLER_SALT, rank, t]).random()
+        return float(self.seconds) if u < self.rate else 0.0
+
+
+SYNC_KINDS = ("grad", "avg")  # gradient all-reduce (before the update), model average (after)
+
+
+def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFrame:
+    """Split every synchronisation of a runner timeline into waiting and communication.
+
+    ``timeline`` has one row per (step, rank) with wall-clock timestamps (seconds, a clock shared
+    by the workers: ``time.time()``, i.e. exact on one machine and NTP-accurate across machines)
+    and, per sync kind k in ``SYNC_KINDS``, ``{k}_level`` (None: no sync of that kind),
+    ``{k}_arrive`` (this rank is ready to communicate) and ``{k}_end`` (its collective returned).
+
+    A collective cannot finish before the last member of the group arrives, so for rank r in
+    group G: ``wait = max_{j in G} arrive_j - arrive_r`` (blocked because another rank is late)
+    and ``comm = end_r - max_{j in G} arrive_j`` (moving the bytes). Adds ``wait_s`` and
+    ``comm_s`` (summed over both kinds) and ``wait_{k}_s`` / ``comm_{k}_s``.
+    """
+    df = timeline.copy()
+    df["wait_s"] = 0.0
+    df["comm_s"] = 0.0
+    for kind in SYNC_KINDS:
+        level, arrive, end = df[f"{kind}_level"], df[f"{kind}_arrive"], df[f"{kind}_end"]
+        has = level.notna()
+        wait = pd.Series(0.0, index=df.index)
+        comm = pd.Series(0.0, index=df.index)
+        if has.any():
+            sub = df.loc[has, ["step", "rank"]].copy()
+            sizes = level[has].astype(int).map(lambda lv: group_sizes[lv])
+            sub["group"] = sub["rank"] // sizes
+            sub["level"] = level[has].astype(int)
+            release = arrive[has].groupby([sub["step"], sub["level"], sub["group"]]).transform("max")
+            wait[has] = (release - arrive[has]).clip(lower=0.0)
+            comm[has] = (end[has] - release).clip(lower=0.0)
+        df[f"wait_{kind}_s"], df[f"comm_{kind}_s"] = wait, comm
+        df["wait_s"] += wait
+        df["comm_s"] += comm
+    return df
+
+
+def timing_summary(df: pd.DataFrame, group_sizes: list[int]) -> dict:
+    """Closing summary of a `split_waiting` table: steps/s, shares of worker time spent
+    computing / waiting / communicating, and bytes each level moved (sum over workers of the
+    buffers they all-reduced; a ring all-reduce puts 2(g-1)/g of that on the wire)."""
+    steps = int(df["step"].nunique())
+    span = float(df["end"].max() - df["start"].min())
+    wall = float(df["wall_s"].sum())
+    out = {
+        "steps": steps, "workers": int(df["rank"].nunique()), "seconds": span,
+        "steps_per_s": steps / span if span > 0 else float("nan"),
+        "compute_share": float(df["compute_s"].sum()) / wall,
+        "wait_share": float(df["wait_s"].sum()) / wall,
+        "comm_share": float(df["comm_s"].sum()) / wall,
+        "stall_seconds": float(df["stall_s"].sum()),
+        "stalls": int((df["stall_s"] > 0).sum()),
+    }
+    for level, g in enumerate(group_sizes):
+        moved = 0
+        for kind in SYNC_KINDS:
+            mask = df[f"{kind}_level"] == level
+            moved += int(df.loc[mask, f"{kind}_bytes"].sum())
+        out[f"bytes_l{level}"] = moved
+        out[f"group_l{level}"] = g
+    return out
