@@ -65,6 +65,19 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+# Where a notebook run by hand (JupyterLab, papermill without out_dir) writes: git-ignored, so
+# interactive runs never touch the committed figures/ (only `localsgd reproduce` injects that).
+INTERACTIVE_DIR = "build/interactive"
+
+
+def resolve_out_dir(out_dir: str | os.PathLike | None) -> Path:
+    """A notebook's ``out_dir`` as an absolute path: ``None`` is ``INTERACTIVE_DIR`` and a
+    relative path is taken from the repository root, so a notebook writes to the same place
+    whatever its working directory."""
+    path = Path(INTERACTIVE_DIR if out_dir is None else out_dir).expanduser()
+    return path if path.is_absolute() else repo_root() / path
+
+
 def git_state(root: Path | None = None) -> dict[str, Any]:
     """Commit hash and dirty flag of the checkout; ``None`` values outside a git checkout."""
     root = root or repo_root()
@@ -130,7 +143,7 @@ def write_records(df: pd.DataFrame, path: str | os.PathLike, **prov: Any) -> lis
     return [write_csv(df, path), write_json(provenance(**prov), path.with_suffix(".json"))]
 
 
-def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.PathLike,
+def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.PathLike | None,
                 params: dict[str, Any], mode: str, scale: str, seed: int | None = None,
                 wall_seconds: float | None = None,
                 compare: pd.DataFrame | None = None) -> list[Path]:
@@ -139,9 +152,10 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
     Writes ``<out_dir>/<fig_id>.{png,pdf,csv,json}`` and, when ``compare`` is given,
     ``<fig_id>.compare.csv`` with columns ``artifact, setting, metric, value`` (+ ``unit``,
     ``note``, and per row ``scale``/``rel_tol`` when they differ from the figure's) keyed exactly
-    like ``papers/*/reported.csv``.
+    like ``papers/*/reported.csv``. A relative ``out_dir`` is taken from the repository root
+    (``resolve_out_dir``).
     """
-    out = Path(out_dir)
+    out = resolve_out_dir(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if fig is not None:

@@ -130,10 +130,14 @@ def tune(tp: TorchProblem, config: Config, seeds: Sequence[int], target: float, 
 
 
 def run_configs(tp: TorchProblem, configs: Sequence[Config], seeds: Sequence[int],
-                target: float, **kw) -> pd.DataFrame:
-    """Tune every config in order, warm-starting each grid at the previous config's optimum."""
+                target: float, *, progress: bool = True, **kw) -> pd.DataFrame:
+    """Tune every config in order, warm-starting each grid at the previous config's optimum.
+
+    ``progress`` shows a tqdm bar (a widget in Jupyter) that disappears when done."""
+    from tqdm.auto import tqdm
+
     rows, centers = [], None
-    for cfg in configs:
+    for cfg in tqdm(configs, desc="configs", leave=False, disable=not progress):
         row, _ = tune(tp, cfg, seeds, target, centers=centers, **kw)
         rows.append(row)
         centers = {f: int(row[f"best_exponent_{f}"]) for f in FAMILIES if f"best_exponent_{f}" in row}

@@ -1,0 +1,156 @@
+"""Helpers for the notebooks: parameter checks that fail in one readable line.
+
+A notebook calls ``check(...)`` right after its imports with the values of its parameters cell::
+
+    from localsgd.notebook import check
+    check(mode=mode, Hs=Hs, epsilon=epsilon)
+
+A bad value raises ``ParameterError`` naming the parameter, the value and what is allowed, e.g.
+``ParameterError: mode = 'fast' is not allowed; expected one of 'smoke', 'quick', 'paper'``. In
+Jupyter (and in papermill's error report) that is the whole message: the exception renders itself
+as one line instead of a traceback through the library. The rules live in ``RULES``, keyed by
+parameter name, so every notebook that uses a name gets the same check; a notebook-specific
+parameter passes its own rule with ``check(rules={"name": one_of(...)}, name=value)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+MODES = ("smoke", "quick", "paper")  # the harness's modes (reproduce.MODES; kept import-light)
+
+
+class ParameterError(ValueError):
+    """A bad value in a notebook's parameters cell; Jupyter shows it as one line."""
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of formatting a traceback (the hook IPython documents for
+        # exceptions that know how to show themselves); red like IPython's own exception names
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class Rule:
+    """``ok(value)`` is True for an allowed value; ``expected`` says which values those are."""
+
+    def __init__(self, ok: Callable[[Any], bool], expected: str | Callable[[], str]):
+        self.ok, self._expected = ok, expected
+
+    @property
+    def expected(self) -> str:
+        return self._expected() if callable(self._expected) else self._expected
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def one_of(*choices: Any, lazy: Callable[[], Iterable[Any]] | None = None) -> Rule:
+    """One of ``choices`` (or of ``lazy()``, evaluated when checking: avoids heavy imports)."""
+    def allowed() -> tuple[Any, ...]:
+        return tuple(choices) + (tuple(lazy()) if lazy is not None else ())
+
+    return Rule(lambda v: v in allowed(), lambda: "one of " + ", ".join(map(repr, allowed())))
+
+
+def integer(minimum: int = 1) -> Rule:
+    return Rule(lambda v: _is_int(v) and v >= minimum, f"an integer >= {minimum}")
+
+
+def number(minimum: float = 0.0, *, inclusive: bool = False, maximum: float | None = None) -> Rule:
+    low = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+    high = f" and <= {maximum:g}" if maximum is not None else ""
+    return Rule(lambda v: _is_number(v) and (v >= minimum if inclusive else v > minimum)
+                and (maximum is None or v <= maximum), f"a number {low}{high}")
+
+
+def optional(rule: Rule) -> Rule:
+    return Rule(lambda v: v is None or rule.ok(v), f"None or {rule.expected}")
+
+
+def list_of(rule: Rule) -> Rule:
+    return Rule(lambda v: isinstance(v, (list, tuple)) and len(v) > 0
+                and all(rule.ok(x) for x in v), f"a non-empty list, each {rule.expected}")
+
+
+def _model_names() -> tuple[str, ...]:
+    from localsgd.models import MODEL_NAMES
+
+    return MODEL_NAMES
+
+
+def _dataset_names() -> tuple[str, ...]:
+    from localsgd.data import IMAGE_DATASETS
+
+    return IMAGE_DATASETS
+
+
+FLAG = Rule(lambda v: isinstance(v, bool), "True or False")
+DEVICE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|mps|cuda(:\d+)?", v) is not None,
+              "'cpu', 'cuda', 'cuda:N' or 'mps'")
+SHAPE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[1-9]\d*[x×][1-9]\d*", v) is not None,
+             "'SERVERSxGPUS', e.g. '8x2'")
+POSITIVE_INTS = list_of(integer(1))
+
+# One rule per parameter name used by the notebooks. Names mean the same in every notebook.
+RULES: dict[str, Rule] = {
+    "mode": one_of(*MODES),
+    "seed": integer(0),
+    "n_seeds": integer(1),
+    "K": integer(1),
+    "Ks": POSITIVE_INTS,
+    "B_loc": integer(1),
+    "B_locs": POSITIVE_INTS,
+    "B_globs": POSITIVE_INTS,
+    "Hs": POSITIVE_INTS,
+    "local_steps": POSITIVE_INTS,
+    "block_steps": POSITIVE_INTS,
+    "max_steps": integer(1),
+    "epsilon": number(0.0),
+    "rel_resolution": number(0.0, maximum=1.0),
+    "comm_cost": number(0.0, inclusive=True),
+    "fstar_source": one_of("paper", "computed"),
+    "dataset": one_of(lazy=_dataset_names),
+    "model": one_of(lazy=_model_names),
+    "models": list_of(one_of(lazy=_model_names)),
+    "width": number(0.0),
+    "n_train": optional(integer(1)),
+    "n_test": optional(integer(1)),
+    "epochs": number(0.0),
+    "warmup_epochs": number(0.0, inclusive=True),
+    "gpus_per_node": integer(1),
+    "inter_gbps": number(0.0),
+    "intra_gbps": number(0.0),
+    "latency_s": number(0.0, inclusive=True),
+    "n_samples": integer(1),
+    "batch": integer(1),
+    "c_intra": number(0.0),
+    "c_inter": number(0.0),
+    "topologies": list_of(SHAPE),
+    "device": DEVICE,
+    "batched": FLAG,
+    "refresh": FLAG,
+}
+
+
+def check(rules: Mapping[str, Rule] | None = None, **values: Any) -> None:
+    """Check parameter values against ``RULES`` (plus ``rules``); raise one ``ParameterError``.
+
+    Every bad value is named in the message, one per line. A name without a rule is a
+    programming error (``TypeError``), so a typo in the call cannot silently skip a check.
+    """
+    table = {**RULES, **(rules or {})}
+    unknown = [n for n in values if n not in table]
+    if unknown:
+        raise TypeError(f"check(): no rule for {', '.join(unknown)}; pass rules={{name: Rule}} "
+                        "or add it to localsgd.notebook.RULES")
+    bad = [f"{name} = {value!r} is not allowed; expected {table[name].expected}"
+           for name, value in values.items() if not table[name].ok(value)]
+    if bad:
+        raise ParameterError("; ".join(bad))
