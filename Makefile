@@ -1,4 +1,4 @@
-# Two user-facing targets: `make reproduce` and `make test`.
+# User-facing targets: `make reproduce`, `make test` and `make lab`.
 # Each creates .venv and installs the package when missing or when pyproject.toml changed.
 PYTHON ?= python3
 VENV := .venv
@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODE ?= quick
 
-.PHONY: reproduce test
+.PHONY: reproduce test lab
+PORT ?= 8888
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,3 +22,11 @@ reproduce: $(STAMP)
 # two xdist workers on two cores: one OpenMP thread each avoids oversubscription
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 tests
+
+# JupyterLab on loopback (the printed URL carries the token), opened on notebooks/ with this
+# venv's kernel "python3"; Agg (set by CI) would hide the inline figures, hence env -u MPLBACKEND;
+# as root (containers) Jupyter refuses to start without --allow-root
+lab: $(STAMP)
+	env -u MPLBACKEND JUPYTER_PREFER_ENV_PATH=1 $(BIN)/jupyter lab --ip=127.0.0.1 \
+	  --port=$(PORT) --no-browser --ServerApp.root_dir="$(CURDIR)" \
+	  --LabApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root)

@@ -1,0 +1,137 @@
+"""Working interactively: quick-mode defaults, outputs outside the repository's tracked files,
+one-line parameter errors, `make lab`.
+
+The convention every notebook follows (checked here for every notebook in notebooks/):
+its parameters cell holds the quick-mode values (so Run All in JupyterLab shows the committed
+figure), ``out_dir = "build/interactive"``, and it calls ``localsgd.notebook.check(...)`` with its
+parameters before doing any work.
+"""
+
+import subprocess
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+from localsgd import notebook, results
+from localsgd import reproduce as h
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+IDS = sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb"))
+
+
+def _parameters_cell(nb) -> nbformat.NotebookNode:
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    return cell
+
+
+# ------------------------------------------------------------------ the convention, per notebook
+@pytest.mark.parametrize("nb_id", IDS)
+def test_parameters_cell_holds_the_quick_values(nb_id):
+    defined = h.parameters_cell_names(NOTEBOOKS / f"{nb_id}.ipynb")
+    assert defined["mode"] == "quick", "the parameters cell must be the quick configuration"
+    assert defined["out_dir"] == results.INTERACTIVE_DIR, (
+        f'set out_dir = "{results.INTERACTIVE_DIR}" (git-ignored; the harness injects figures/)')
+    quick = yaml.safe_load((NOTEBOOKS / "params" / nb_id / "quick.yaml").read_text()) or {}
+    differ = {k: (defined.get(k), v) for k, v in quick.items() if defined.get(k) != v}
+    assert not differ, f"parameters cell vs quick.yaml (cell, yaml): {differ}"
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory):
+    """One kernel for every notebook of the module (imports once: torch & co. take seconds)."""
+    from nbclient import NotebookClient
+
+    client = NotebookClient(nbformat.v4.new_notebook(), kernel_name="python3", timeout=120,
+                            resources={"metadata": {"path": str(tmp_path_factory.mktemp("k"))}})
+    with client.setup_kernel():
+        yield client
+
+
+@pytest.mark.parametrize("nb_id", IDS)
+def test_bad_parameter_is_one_line_naming_it(nb_id, kernel):
+    """What a person sees after a typo in the parameters cell: one line, not a traceback."""
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(NOTEBOOKS / f"{nb_id}.ipynb", as_version=4)
+    cell = _parameters_cell(nb)
+    cell.source = cell.source.replace('mode = "quick"', 'mode = "fast"', 1)
+    assert 'mode = "fast"' in cell.source
+    kernel.nb = nb
+    kernel.execute_cell(nbformat.v4.new_code_cell("%reset -f"), 0)
+    with pytest.raises(CellExecutionError):
+        for i, c in enumerate(nb.cells):
+            if c.cell_type == "code":
+                kernel.execute_cell(c, i)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.output_type == "error"]
+    assert len(errors) == 1, "the notebook must stop at its check(...) call"
+    (err,) = errors
+    assert err.ename == "ParameterError", f"{err.ename}: {err.evalue} (call check(mode=mode, ...))"
+    assert len(err.traceback) == 1 and "\n" not in err.traceback[0], err.traceback
+    assert "mode = 'fast'" in err.evalue and "'smoke', 'quick', 'paper'" in err.evalue
+
+
+def _git_status() -> set[str]:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    return set(out.splitlines())
+
+
+def test_running_from_notebooks_dir_leaves_git_status_clean(tmp_path):
+    """A notebook run by hand (its folder as working directory, no out_dir given) writes only to
+    the git-ignored build/interactive/ of the repository."""
+    import papermill as pm
+
+    nb_id = "appB_comm_cost"  # analytic and fast; the path handling is the same in every notebook
+    smoke = yaml.safe_load((NOTEBOOKS / "params" / nb_id / "smoke.yaml").read_text())
+    before, t0 = _git_status(), time.time()
+    pm.execute_notebook(str(NOTEBOOKS / f"{nb_id}.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters={**smoke, "mode": "smoke"}, cwd=str(NOTEBOOKS),
+                        kernel_name="python3", progress_bar=False)
+    written = REPO / results.INTERACTIVE_DIR / f"{nb_id}.png"
+    assert written.stat().st_mtime >= t0 - 1, "the default out_dir is build/interactive/"
+    # other developers may change files meanwhile: only entries this run could have made count
+    new = [line for line in _git_status() - before
+           if nb_id in line or line[3:].startswith(("notebooks/", "figures/"))]
+    assert not new, f"git status changed: {new}"
+
+
+# ------------------------------------------------------------------ the helpers
+def test_resolve_out_dir_is_repository_relative(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert results.resolve_out_dir(None) == REPO / "build" / "interactive"
+    assert results.resolve_out_dir("build/interactive") == REPO / "build" / "interactive"
+    assert results.resolve_out_dir(tmp_path / "x") == tmp_path / "x"
+    results.save_figure("toy", None, __import__("pandas").DataFrame({"v": [1]}),
+                        out_dir=tmp_path / "figs", params={}, mode="smoke", scale="reduced")
+    assert (tmp_path / "figs" / "toy.csv").exists()
+
+
+def test_check_names_the_parameter_and_the_allowed_values():
+    notebook.check(mode="paper", Hs=[1, 16], n_train=None, models=["resnet20"], device="cuda:1",
+                   topologies=["8x2"], refresh=True)
+    with pytest.raises(notebook.ParameterError) as exc:
+        notebook.check(mode="quick", fstar_source="papr", K=0)
+    msg = str(exc.value)
+    assert "fstar_source = 'papr'" in msg and "'paper', 'computed'" in msg
+    assert "K = 0" in msg and "integer >= 1" in msg and "mode" not in msg
+    (line,) = exc.value._render_traceback_()
+    assert "ParameterError" in line and "\n" not in line
+    with pytest.raises(notebook.ParameterError, match="one of 'resnet20'"):
+        notebook.check(model="resnet21")
+    with pytest.raises(notebook.ParameterError, match="True or False"):
+        notebook.check(refresh="no")
+    with pytest.raises(TypeError, match="no rule for colour"):
+        notebook.check(colour="red")
+    notebook.check(rules={"colour": notebook.one_of("red", "blue")}, colour="red")
+
+
+def test_make_lab_serves_on_loopback_with_the_venv_kernel():
+    out = subprocess.run(["make", "-n", "lab"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    assert "jupyter lab" in out and "--ip=127.0.0.1" in out and "MPLBACKEND" in out
+    assert "ipykernel install --sys-prefix --name python3" in (REPO / "Makefile").read_text()
