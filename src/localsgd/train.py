@@ -50,7 +50,8 @@ from localsgd.outer import OuterUpdate
 from localsgd.paths import atomic_path
 from localsgd.schedule import SyncSchedule, Topology
 
-__all__ = ["CHECKPOINT_FORMAT", "TrainConfig", "build_engine", "run_cached", "train"]
+__all__ = ["CHECKPOINT_FORMAT", "ENGINES", "RankCheckpoints", "TrainConfig", "build_engine",
+           "run_cached", "train"]
 
 CHECKPOINT_FORMAT = 1
 MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
@@ -89,6 +90,10 @@ class TrainConfig:
     """Post-local SGD: mini-batch SGD (global gradient all-reduce) for these first epochs."""
     local_step_warmup_epochs: int = 0
     """Exponential local-step warm-up (§4.2.2, footnote 4): H = 1, 2, 4, ... over these epochs."""
+    block_gradient_allreduce: bool = False
+    """After warm-up, blocks all-reduce gradients every update (the PyTorch hierarchical-SGD
+    blog's intra-host gradient all-reduce); models are then averaged by the world only, every
+    H·H^b updates. Needs a hierarchy (block_size < world_size, block_steps > 1)."""
 
     # -- optimisation (§4.2.1, App. C, App. D)
     epochs: float = 300.0
@@ -141,6 +146,11 @@ class TrainConfig:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
         object.__setattr__(self, "decay_fractions", tuple(self.decay_fractions))
         self.topology()  # validates K, K', H, H^b with the schedule's own messages
+        if self.block_gradient_allreduce and self.topology().num_levels < 2:
+            raise ValueError(
+                "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
+                f"world_size={self.world_size} below it and block_steps > 1 (got block_size="
+                f"{self.block_size}, block_steps={self.block_steps})")
 
     def topology(self) -> Topology:
         return Topology.from_paper(self.world_size, self.local_steps, self.block_size,
@@ -191,10 +201,23 @@ def lr_schedule(cfg: TrainConfig, n_train: int) -> LRSchedule:
                       milestones=tuple(milestones))
 
 
-def build_engine(cfg: TrainConfig, n_train: int, num_classes: int) -> Any:
-    """The replica engine (sequential, or batched with ``cfg.batched``) for ``cfg``."""
+ENGINES = ("replicas", "ddp")
+
+
+def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
+                 **options: Any) -> Any:
+    """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
+    ``cfg.batched``) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
+    (`localsgd.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers)."""
     from localsgd.replicas import BatchedReplicaEngine, ReplicaEngine
 
+    if kind not in ENGINES:
+        raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
+    if kind == "replicas" and options:
+        raise ValueError(f"options {sorted(options)} belong to the ddp engine, not the replicas")
+    if kind == "ddp" and cfg.batched:
+        raise ValueError("batched=True vmaps K replicas in one process; the ddp engine runs one "
+                         "worker per process: set batched=False")
     steps_per_epoch, _ = _steps(cfg, n_train)
     dtype = getattr(torch, cfg.dtype)
     schedule = SyncSchedule(
@@ -203,6 +226,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int) -> Any:
         local_step_warmup_epochs=cfg.local_step_warmup_epochs,
         steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
         outer_period="global" if cfg.momentum_scheme in ("global", "hybrid") else None,
+        post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
     )
     local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
     outer = (OuterUpdate(momentum=cfg.momentum)
@@ -219,6 +243,13 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int) -> Any:
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=local_m, dampening=0.0,
                                nesterov=cfg.nesterov and local_m > 0)
 
+    if kind == "ddp":
+        from localsgd.ddp import DDPEngine
+
+        return DDPEngine(model_fn, schedule, optimizer_fn, outer=outer,
+                         lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
+                         average_buffers=cfg.average_buffers, device=cfg.device,
+                         num_classes=num_classes, **options)
     engine_cls = BatchedReplicaEngine if cfg.batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
@@ -266,6 +297,9 @@ def load_checkpoint(path: str | Path, cfg: TrainConfig) -> dict:
         raise ValueError(f"checkpoint {path} is not a localsgd training checkpoint "
                          f"(format {CHECKPOINT_FORMAT}); delete it or use another path")
     saved = state.get("config", {})
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    # a field added after the checkpoint was written counts as its default value
+    saved = {k: saved.get(k, defaults[k]) for k in cfg.to_dict()}
     diff = {k: (saved.get(k), v) for k, v in cfg.to_dict().items()
             if _jsonish(saved.get(k)) != _jsonish(v)}
     if diff:
@@ -277,6 +311,73 @@ def load_checkpoint(path: str | Path, cfg: TrainConfig) -> dict:
 
 def _jsonish(v: Any) -> Any:
     return list(v) if isinstance(v, tuple) else v
+
+
+class RankCheckpoints:
+    """Per-rank checkpoints of a multi-process run (one worker per process, e.g. torchrun).
+
+    Rank r writes ``<stem>.rank{r}.step{t}<suffix>`` atomically; then the ranks agree (one
+    ``all_gather_object``) that all of them hold step t before each deletes its files older than
+    the previous step. So at any moment -- also after a SIGKILL of every worker -- the newest
+    step that every rank holds is complete, and the one before it is still on disk.
+    """
+
+    KEEP = 2  # the newest complete step and its predecessor (a fallback if the newest is bad)
+
+    def __init__(self, base: str | Path, engine: Any):
+        self.base, self.engine = Path(base), engine
+        self.rank = engine.local_ranks[0]
+
+    def path(self, t: int) -> Path:
+        return self.base.with_name(f"{self.base.stem}.rank{self.rank}.step{t:09d}"
+                                   f"{self.base.suffix}")
+
+    def steps(self) -> list[int]:
+        prefix = f"{self.base.stem}.rank{self.rank}.step"
+        found = []
+        for f in self.base.parent.glob(f"{prefix}*{self.base.suffix}"):
+            digits = f.name[len(prefix):len(f.name) - len(self.base.suffix)]
+            if digits.isdigit():
+                found.append(int(digits))
+        return sorted(found)
+
+    def save(self, state: dict, t: int) -> None:
+        save_checkpoint(self.path(t), state)
+        at = self.engine.all_gather_object(t)  # every rank has written step t past this point
+        if len(set(at)) != 1:
+            raise RuntimeError(f"ranks checkpointed different steps {at}; the schedule diverged")
+        for old in self.steps()[:-self.KEEP]:
+            self.path(old).unlink(missing_ok=True)
+
+    def load_latest(self, cfg: TrainConfig) -> dict | None:
+        """The newest step every rank holds (collective); None if no rank has one. A corrupt or
+        mismatched file on any rank fails on every rank, naming the rank and the problem."""
+        everyone = self.engine.all_gather_object(self.steps())
+        common = sorted(set(everyone[0]).intersection(*map(set, everyone[1:])))
+        if not common:
+            holders = [r for r, steps in enumerate(everyone) if steps]
+            if holders:
+                raise ValueError(
+                    f"checkpoints {self.base.stem}.rank*.step* exist for ranks {holders} but not "
+                    f"for ranks {[r for r, st in enumerate(everyone) if not st]} of this "
+                    f"{len(everyone)}-worker run (saved with another world size, or on another "
+                    "machine's disk?); resume with the saved launch or use another folder")
+            return None
+        t = common[-1]
+        state, error = None, None
+        try:
+            state = load_checkpoint(self.path(t), cfg)
+        except ValueError as err:
+            error = str(err)
+        errors = [(r, e) for r, e in enumerate(self.engine.all_gather_object(error)) if e]
+        if errors:
+            prev = [s for s in common if s < t]
+            hint = (f"; step {prev[-1]} is the previous complete checkpoint: delete the "
+                    f"step-{t} files ({self.base.stem}.rank*.step{t:09d}{self.base.suffix}) to "
+                    "resume from it" if prev else "")
+            raise ValueError(f"cannot resume from step {t}: " + "; ".join(
+                f"rank {r}: {e}" for r, e in errors) + hint)
+        return state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,6 +430,8 @@ def train(
     resume: bool = True,
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
+    engine: Callable[[TrainConfig, int, int], Any] | None = None,
+    checkpoint_every_steps: int = 0,
 ) -> pd.DataFrame:
     """Train ``cfg`` and return one record per epoch (and one at the last update).
 
@@ -338,8 +441,12 @@ def train(
         checkpoint_path: where to keep the run's checkpoint; with ``resume`` an existing one is
             continued (after checking it is this configuration's).
         checkpoint_every: also checkpoint every this many epochs (0: only on Ctrl-C).
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar (only rank 0 of a multi-process run shows one).
         on_step: called with t after every update (tests use it to interrupt a run).
+        engine: builds the engine, ``engine(cfg, n_train, num_classes)`` (default
+            `build_engine`: the replica engine). An engine running one worker per process (the
+            torchrun runner) gets per-rank checkpoint files (`RankCheckpoints`).
+        checkpoint_every_steps: also checkpoint every this many updates (0: never).
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
     batches of the epoch, before each update, augmented), test_loss / test_acc (averaged model),
@@ -354,19 +461,25 @@ def train(
     device = torch.device(cfg.device)
     n_train = len(ds.train_y)
     steps_per_epoch, total = _steps(cfg, n_train)
-    engine = build_engine(cfg, n_train, len(ds.classes))
+    engine = (engine or build_engine)(cfg, n_train, len(ds.classes))
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
     train_x, train_y = ds.train_x.to(device), ds.train_y.to(device)
     test_x, test_y = ds.test_x.to(device), ds.test_y.to(device)
     augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
     dtype = getattr(torch, cfg.dtype)
     ranks = engine.local_ranks  # the workers this process runs (all K in the replica engine)
+    multi = ranks != list(range(engine.world_size))  # one worker per process: per-rank files
+    per_rank = RankCheckpoints(checkpoint_path, engine) if multi and checkpoint_path else None
 
     records: list[dict] = []
     tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels,
                   step_seconds=[[] for _ in ranks])
-    if checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
+    state = None
+    if per_rank is not None and resume:
+        state = per_rank.load_latest(cfg)
+    elif checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
         state = load_checkpoint(checkpoint_path, cfg)
+    if state is not None:
         engine.load_state_dict(state["engine"])
         records = list(state["records"])
         tot = _Totals(**state["totals"])
@@ -374,6 +487,12 @@ def train(
     def snapshot() -> dict:
         return {"format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "engine": engine.state_dict(),
                 "records": records, "totals": dataclasses.asdict(tot)}
+
+    def checkpoint() -> None:
+        if per_rank is not None:
+            per_rank.save(snapshot(), engine.t)
+        else:
+            save_checkpoint(checkpoint_path, snapshot())
 
     def record(t: int) -> None:
         acc, loss = evaluate(engine.averaged_model(), test_x, test_y, ds.mean, ds.std,
@@ -402,7 +521,7 @@ def train(
         tot.step_seconds = [[] for _ in ranks]
 
     partition_epoch, parts = -1, None
-    bar = tqdm(total=total, initial=engine.t, disable=not progress, leave=False,
+    bar = tqdm(total=total, initial=engine.t, disable=not progress or ranks[0] != 0, leave=False,
                desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}")
     with _deferred_interrupt() as interrupt:
         try:
@@ -440,13 +559,18 @@ def train(
                     epochs_done, partial = divmod(engine.t, steps_per_epoch)
                     if (checkpoint_path is not None and checkpoint_every and not partial
                             and epochs_done % checkpoint_every == 0):
-                        save_checkpoint(checkpoint_path, snapshot())
+                        checkpoint()
+                if (checkpoint_path is not None and checkpoint_every_steps
+                        and engine.t % checkpoint_every_steps == 0):
+                    checkpoint()
                 if on_step is not None:
                     on_step(engine.t)
                 if interrupt["set"]:
                     raise KeyboardInterrupt
         except KeyboardInterrupt:
-            if checkpoint_path is not None:
+            # one worker per process: the others may be at another step or gone, so no
+            # consistent snapshot can be taken now; the last periodic one is the resume point
+            if checkpoint_path is not None and not multi:
                 save_checkpoint(checkpoint_path, snapshot())
                 print(f"interrupted at update {engine.t}/{total}: checkpoint saved to "
                       f"{checkpoint_path}; run again with the same config to resume")
@@ -472,11 +596,14 @@ def _load(cfg: TrainConfig) -> data_mod.ImageDataset:
 
 # Fields that change how a run is computed but not its result, or only its speed.
 _NOT_IN_CACHE_KEY = ("eval_batch",)
+# Fields added after results were cached: left out of the key at their default, so old runs hit.
+_KEY_ONLY_IF_SET = {"block_gradient_allreduce": False}
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
     """`train` through the results cache: identical configs (also across notebooks) train once."""
     from localsgd import results
 
-    key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY}
+    key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
+           and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
     return results.cached("train", key, lambda: train(cfg, progress=progress), refresh=refresh)

@@ -1,0 +1,316 @@
+"""The torchrun runner (`localsgd.ddp`): DDP engine == replica engine through the one training
+loop, stragglers and the waiting split, exact resume after SIGKILL, failures, two loopback nodes.
+
+Every test starts 2-4 gloo processes on CPU with tiny models on the synthetic image set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from localsgd import data
+from localsgd.distributed import spawn
+from localsgd.train import TrainConfig, build_engine, train
+
+K, STEPS = 4, 20
+# 320 images / 4 workers / B_loc 8 = 10 updates per epoch; 2 epochs = 20 updates; warm-up 2
+BASE = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=K,
+                   local_batch=8, local_steps=2, block_size=2, block_steps=2, epochs=2.0,
+                   lr=0.1, post_local_warmup_epochs=0.2, momentum_scheme="hybrid",
+                   dtype="float64", augment=True, n_test=32, eval_batch=32)
+SCENARIOS = {
+    # hierarchical local SGD: blocks every 2, world every 4 (+ block momentum), after a
+    # 2-update warm-up of mini-batch SGD through DDP's gradient all-reduce
+    "hierarchical": BASE,
+    # the blog's scheme: intra-block (node) gradient all-reduce by DDP every update
+    "block_gradients": dataclasses.replace(BASE, block_gradient_allreduce=True,
+                                           momentum_scheme="global", average_buffers=True),
+    "float32": dataclasses.replace(BASE, dtype="float32"),
+}
+TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
+
+
+def _dataset():
+    return data.synthetic_image_dataset(320, 32, num_classes=4, image_size=16, seed=0)
+
+
+def _train_capturing(cfg, kind, **options):
+    holder = []
+
+    def make(c, n, classes):
+        holder.append(build_engine(c, n, classes, kind=kind, **options))
+        return holder[0]
+
+    rec = train(cfg, dataset=_dataset(), progress=False, engine=make)
+    return rec, holder[0]
+
+
+def _ddp_worker(rank: int, world: int) -> dict:
+    out = {}
+    for name, cfg in SCENARIOS.items():
+        rec, engine = _train_capturing(cfg, "ddp")
+        out[name] = {"params": [p.detach().clone() for p in engine.model.parameters()],
+                     "buffers": [b.clone() for b in engine.model.buffers()
+                                 if b.is_floating_point()],
+                     "records": rec, "grad_steps": sum(r["grad_level"] is not None
+                                                       for r in engine.timeline)}
+    return out
+
+
+# float32 ResNet-20 is chaotic over 20 updates: the replica engine against itself with 1 vs 2
+# threads differs by 1.1e-2, float32 against float64 by 5.9e-2 (largest parameter ~1.0)
+FLOAT32_TOL = 2.5e-2
+
+
+def test_ddp_engine_equals_replica_engine_through_train():
+    results = spawn(_ddp_worker, K)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like the workers: the same kernels, only the all-reduce differs
+    try:
+        replicas = {name: _train_capturing(cfg, "replicas") for name, cfg in SCENARIOS.items()}
+    finally:
+        torch.set_num_threads(threads)
+    for name, cfg in SCENARIOS.items():
+        rec, engine = replicas[name]
+        assert engine.t == STEPS
+        tol = 1e-9 if cfg.dtype == "float64" else FLOAT32_TOL
+        for k in range(K):
+            ours = results[k][name]
+            theirs = [p.detach() for p in engine.models[k].parameters()]
+            diff = max((a - b).abs().max().item()
+                       for a, b in zip(ours["params"], theirs, strict=True))
+            assert diff < tol, f"{name}: worker {k} parameters differ by {diff}"
+            bufs = [b for b in engine.models[k].buffers() if b.is_floating_point()]
+            # BatchNorm running statistics integrate the float32 divergence: 10 % there
+            rtol = 0 if cfg.dtype == "float64" else 0.1
+            for a, b in zip(ours["buffers"], bufs, strict=True):
+                assert torch.allclose(a, b, atol=tol, rtol=rtol), name
+        ddp_rec = results[0][name]["records"]
+        if cfg.dtype == "float64":
+            cols = [c for c in rec.columns if c not in TIMED]
+            pd.testing.assert_frame_equal(ddp_rec[cols], rec[cols], check_exact=False, atol=tol,
+                                          rtol=0)
+        else:
+            assert ddp_rec.train_loss.tolist() == pytest.approx(rec.train_loss.tolist(), rel=1e-2)
+        # DDP averaged gradients in the warm-up (2 updates) / at every update (block gradients)
+        assert results[0][name]["grad_steps"] == (STEPS if cfg.block_gradient_allreduce else 2)
+        # workers still differ at the end, so equality is not the trivial one of equal models
+        spread = (engine.comm.flat - engine.comm.flat.mean(0)).abs().max().item()
+        assert spread > 1e-6 or cfg.block_gradient_allreduce, name
+
+
+# ------------------------------------------------------------------------------------------------
+# torchrun launches
+# ------------------------------------------------------------------------------------------------
+
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+TINY = {"dataset": "synthetic", "model": "resnet20", "width": 0.25, "n_train": 192,
+        "n_test": 32, "local_batch": 8, "local_steps": 2, "epochs": 1.0, "lr": 0.1,
+        "eval_batch": 32, "augment": False}
+
+
+def _env() -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _config(tmp_path: Path, **values) -> Path:
+    import yaml
+
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({**TINY, **values}))
+    return path
+
+
+def _torchrun(nproc: int, *args: str, launcher: tuple[str, ...] = ("--standalone",),
+              timeout: float = 120, **popen) -> subprocess.CompletedProcess:
+    cmd = [TORCHRUN, *launcher, "--nproc-per-node", str(nproc), "-m", "localsgd.ddp",
+           "--no-progress", *args]
+    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
+                          **popen)
+
+
+def test_stalled_worker_delays_its_own_group_only(tmp_path):
+    # 4 workers in blocks of 2 averaging every update; the world only every 64 (never here).
+    # Rank 0 stalls 0.15 s at every update: rank 1 waits for it, ranks 2 and 3 do not.
+    cfg = _config(tmp_path, local_steps=1, block_steps=64, epochs=2.0)
+    out = tmp_path / "out"
+    r = _torchrun(4, "--config", str(cfg), "--world-size", "4", "--procs-per-node", "2",
+                  "--compute-ms", "5", "--straggler-seconds", "0.15", "--straggler-ranks", "0",
+                  "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    df = pd.read_csv(out / "timing.csv")
+    assert (df.avg_level == 0).all() and df.grad_level.isna().all()
+    assert (df[df["rank"] == 0].stall_s == 0.15).all() and (df[df["rank"] > 0].stall_s == 0).all()
+    wait = df.groupby("rank").wait_s.median()
+    assert wait[1] > 0.1, wait  # blocked behind the straggler in its own group
+    assert wait[2] < 0.05 and wait[3] < 0.05, wait  # the other group runs on
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stalls"] == len(df[df["rank"] == 0]) and summary["bytes_l1"] == 0
+    assert 0 < summary["wait_share"] < 1 and "ddp engine, 4 workers" in r.stdout
+
+
+def test_random_stragglers_are_seeded_per_worker_and_step():
+    from localsgd.timing import Stragglers
+
+    s = Stragglers(seconds=1.0, rate=0.3, seed=5)
+    draws = [[s.stall(r, t) for t in range(1, 201)] for r in range(4)]
+    assert draws == [[s.stall(r, t) for t in range(1, 201)] for r in range(4)]  # stateless
+    rates = [sum(d) / 200 for d in draws]
+    assert all(0.15 < x < 0.45 for x in rates) and len({tuple(d) for d in draws}) == 4
+    assert Stragglers(1.0, 0.0, (2,)).stall(2, 7) == 1.0
+    with pytest.raises(ValueError, match="probability"):
+        Stragglers(1.0, 1.5)
+
+
+def _final_state(out: Path, world: int) -> list[dict]:
+    return [torch.load(out / f"final_rank{r}.pt", weights_only=True) for r in range(world)]
+
+
+def _worker_pids(launcher_pid: int) -> list[int]:
+    path = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_sigkill_all_workers_then_resume_is_bitwise_equal(tmp_path):
+    # 2 workers, warm-up 3 updates (DDP gradients), local SGD H=2, block momentum, 24 updates
+    cfg = _config(tmp_path, epochs=4.0, post_local_warmup_epochs=0.0625,
+                  momentum_scheme="hybrid", augment=True)
+    common = ["--config", str(cfg), "--checkpoint-every", "3", "--save-final",
+              "--straggler-rate", "0.2", "--straggler-seconds", "0.01"]
+    ref = tmp_path / "ref"
+    r = _torchrun(2, *common, "--out", str(ref))
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    run = tmp_path / "run"
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
+           "--no-progress", *common, "--out", str(run), "--compute-ms", "0"]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    ckpts = run / "checkpoints"
+    deadline = time.monotonic() + 90
+    while not list(ckpts.glob("run.rank1.step*9.pt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every worker, mid-run
+    proc.wait()
+    assert not (run / "records.csv").exists()
+    r = _torchrun(2, *common, "--out", str(run), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    for a, b in zip(_final_state(ref, 2), _final_state(run, 2), strict=True):
+        for key in a:
+            assert torch.equal(a[key], b[key]), key
+    ra, rb = pd.read_csv(ref / "records.csv"), pd.read_csv(run / "records.csv")
+    cols = [c for c in ra.columns if c not in TIMED]
+    pd.testing.assert_frame_equal(ra[cols], rb[cols], check_exact=True)
+    ta, tb = pd.read_csv(ref / "timing.csv"), pd.read_csv(run / "timing.csv")
+    assert ta.stall_s.tolist() == tb.stall_s.tolist()  # the same stalls at the same steps
+
+    # A corrupt newest checkpoint is refused on every rank, naming it; the previous one loads.
+    files = sorted(ckpts.glob("run.rank1.step*.pt"))
+    assert len(files) == 2
+    files[-1].write_bytes(files[-1].read_bytes()[:200])
+    r = _torchrun(2, *common, "--out", str(run), "--resume")
+    assert r.returncode != 0
+    step = files[-1].name.split("step")[1][:9]
+    assert "rank 1: checkpoint" in r.stderr and "is corrupt" in r.stderr, r.stderr[-3000:]
+    assert f"delete the step-{step} files" in r.stderr
+    for f in ckpts.glob(f"run.rank*.step{step}.pt"):
+        f.unlink()
+    r = _torchrun(2, *common, "--out", str(run), "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for a, b in zip(_final_state(ref, 2), _final_state(run, 2), strict=True):
+        assert all(torch.equal(a[key], b[key]) for key in a)
+    # another configuration is refused, naming the difference
+    r = _torchrun(2, *common, "--out", str(run), "--resume", "--local-steps", "4")
+    assert r.returncode != 0 and "local_steps: saved 2 vs now 4" in r.stderr, r.stderr[-2000:]
+
+
+def test_one_dead_worker_ends_the_job_with_torchruns_report(tmp_path):
+    cfg = _config(tmp_path, epochs=50.0)
+    run = tmp_path / "run"
+    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
+           "--no-progress", "--config", str(cfg), "--checkpoint-every", "4", "--out", str(run)]
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not list((run / "checkpoints").glob("run.rank1.step*.pt")) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = _worker_pids(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=60)  # torchrun stops the survivor: no hang
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert "ChildFailedError" in err and "SIGKILL" in err, err[-3000:]
+    # the last complete checkpoint survives and loads
+    from localsgd.train import load_checkpoint
+
+    cfg_obj = TrainConfig.from_dict({**TINY, "epochs": 50.0, "world_size": 2})
+    for rank in (0, 1):
+        newest = max((run / "checkpoints").glob(f"run.rank{rank}.step*.pt"))
+        assert load_checkpoint(newest, cfg_obj)["engine"]["rank"] == rank
+
+
+def test_invalid_launch_fails_fast_on_every_rank(tmp_path):
+    cfg = _config(tmp_path)
+    r = _torchrun(3, "--config", str(cfg), "--nodes", "2", "--procs-per-node", "2",
+                  "--out", str(tmp_path / "o"), timeout=60)
+    assert r.returncode != 0
+    for rank in range(3):
+        assert f"[rank {rank}] error: torchrun started 3 processes but the run needs " \
+               "world_size=4" in r.stderr, r.stderr[-2000:]
+    assert "multiples of 2" in r.stderr
+    r = _torchrun(3, "--config", str(cfg), "--block-size", "2", "--block-steps", "2",
+                  "--out", str(tmp_path / "o"), timeout=60)
+    assert r.returncode != 0 and r.stderr.count("valid block sizes are [1, 3]") == 3, r.stderr
+
+
+def test_two_nodes_on_loopback(tmp_path):
+    # two torchrun agents (--nnodes 2), 2 processes each: node-level groups of 2, world of 4,
+    # rendezvous over TCP on 127.0.0.1 (a port is retried if another test took it)
+    cfg = _config(tmp_path, block_steps=2, post_local_warmup_epochs=0.5, epochs=2.0,
+                  block_gradient_allreduce=True)
+    out = tmp_path / "out"
+    for attempt in range(3):
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        launch = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+        args = ["--config", str(cfg), "--nodes", "2", "--procs-per-node", "2", "--out", str(out)]
+        cmd = [TORCHRUN, *launch, "--nproc-per-node", "2", "-m", "localsgd.ddp",
+               "--no-progress", *args]
+        procs = [subprocess.Popen([*cmd[:1], "--node-rank", str(n), *cmd[1:]], env=_env(),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for n in (0, 1)]
+        outs = [p.communicate(timeout=120) for p in procs]
+        if all(p.returncode == 0 for p in procs):
+            break
+        assert "address already in use" in (outs[0][1] + outs[1][1]).lower() and attempt < 2, \
+            outs[0][1][-2000:] + outs[1][1][-2000:]
+    df = pd.read_csv(out / "timing.csv")
+    assert sorted(df["rank"].unique()) == [0, 1, 2, 3]
+    local = df[df.step > 3]  # after the 3-update warm-up: node-level gradients every update
+    assert (local.grad_level == 0).all() and set(local.avg_level.dropna()) == {1}
+    assert (df[df.step <= 3].grad_level == 1).all()
+    assert "4 workers" in outs[0][0]
