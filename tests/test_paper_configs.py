@@ -110,3 +110,16 @@ def test_table05_and_fig10_paper_yaml():
     assert f10["K"] == value("Figure 10", "setup", "K")
     assert f10["B_loc"] == value("Figure 10", "setup", "B_loc")
     assert max(f10["Hs"]) == value("Figure 10", "setup", "H max") and min(f10["Hs"]) == 1
+
+
+def test_table06_07_paper_yaml():
+    p = paper("table06_07_momentum")
+    _full_scale(p)
+    assert p["K"] == 10  # 5x2-GPU cluster
+    assert p["B_loc"] == value("Table 6", "setup", "B_loc")
+    assert p["base_batch"] == value("Table 6", "setup", "base batch size")
+    for name, H, grid in (("Table 6", 1, p["table6_momenta"]), ("Table 7", 8, p["table7_momenta"])):
+        cells = REPORTED[(REPORTED.artifact == name) & (REPORTED.setting != "setup")]
+        want = sorted(tuple(float(x.split("=")[1]) for x in s.split("; ")[:2]) for s in cells.setting)
+        assert sorted(map(tuple, grid)) == want
+        assert all(s.endswith(f"H={H}") for s in cells.setting)

@@ -20,6 +20,7 @@ from localsgd.train import TrainConfig, run_cached
 __all__ = [
     "claim_verdict",
     "dataset_available",
+    "momentum_config",
     "run_grid",
     "scaling_table",
     "speedup_table",
@@ -176,6 +177,17 @@ def claim_verdict(values: Sequence[float], threshold: float, *, higher_is_better
     spread = f"{mean:.2f}{unit} ± {std:.2f} over {len(arr)} seed(s)" if len(arr) > 1 else \
         f"{mean:.2f}{unit} (1 seed, no spread)"
     return ("held" if ok else "did not hold") + f": {spread}", mean, std
+
+
+def momentum_config(base: TrainConfig, local: float, global_: float) -> TrainConfig:
+    """App. D's momentum schemes as a config: local momentum ``local`` inside each worker's SGD,
+    global (block) momentum ``global_`` on the averaged model's delta; both → hybrid (D.1.3)."""
+    if local < 0 or global_ < 0:
+        raise ValueError(f"momenta must be >= 0, got local={local}, global={global_}")
+    scheme = {(False, False): "none", (True, False): "local", (False, True): "global",
+              (True, True): "hybrid"}[(local > 0, global_ > 0)]
+    return dataclasses.replace(base, momentum_scheme=scheme, momentum=local,
+                               global_momentum=global_)
 
 
 def table01_configs(base: TrainConfig, b_globs: Sequence[int], seeds: Sequence[int], *,

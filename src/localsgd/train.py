@@ -113,6 +113,9 @@ class TrainConfig:
     momentum_scheme: str = "local"
     """App. D: 'local' (each worker's SGD), 'global' (block momentum on the averaged model),
     'hybrid' (both), 'none'."""
+    global_momentum: float | None = None
+    """Momentum of the outer (global/block) step for 'global' and 'hybrid' (App. D.1.2-D.1.3,
+    Tables 6-7); None: the same as `momentum`."""
     nesterov: bool = False
     """Nesterov variant of the local momentum."""
     weight_decay: float = 1e-4
@@ -229,7 +232,8 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
         post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
     )
     local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
-    outer = (OuterUpdate(momentum=cfg.momentum)
+    global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum
+    outer = (OuterUpdate(momentum=global_m)
              if cfg.momentum_scheme in ("global", "hybrid") else None)
 
     def model_fn() -> nn.Module:
