@@ -526,7 +526,8 @@ def train(
 
     partition_epoch, parts = -1, None
     bar = tqdm(total=total, initial=engine.t, disable=not progress or ranks[0] != 0, leave=False,
-               desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}")
+               desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}",
+               mininterval=2.0)  # a refresh is an output line in an executed notebook
     with _deferred_interrupt() as interrupt:
         try:
             while engine.t < total:
