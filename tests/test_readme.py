@@ -74,3 +74,11 @@ def test_torchrun_script_runs_and_ends_in_consensus(tmp_path):
                        cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert r.stdout.count("step 40") == 4
+
+
+def test_deep_learning_example_runs(capsys):
+    section = TEXT.split("\n## Deep learning", 1)[1].split("\n## ", 1)[0]
+    (code,) = FENCE.findall(section)
+    exec(compile(code, "README.md:deep learning", "exec"), {"__name__": "readme_example"})  # noqa: S102
+    out = capsys.readouterr().out
+    assert "test_acc" in out and "sync_l1" in out
