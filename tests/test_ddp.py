@@ -185,32 +185,75 @@ def _worker_pids(launcher_pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def test_sigkill_all_workers_then_resume_is_bitwise_equal(tmp_path):
-    # 2 workers, warm-up 3 updates (DDP gradients), local SGD H=2, block momentum, 24 updates
-    cfg = _config(tmp_path, epochs=4.0, post_local_warmup_epochs=0.0625,
+def _wait_for(pattern: Path, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not list(pattern.parent.glob(pattern.name)) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be killed"
+
+
+def test_sigkill_dead_worker_corrupt_checkpoint_and_exact_resume(tmp_path):
+    # 2 workers, 48 updates: warm-up 3 (DDP gradients), local SGD H=2 with block momentum,
+    # random stragglers; a checkpoint every 3 updates
+    cfg = _config(tmp_path, epochs=4.0, post_local_warmup_epochs=0.25,
                   momentum_scheme="hybrid", augment=True)
     common = ["--config", str(cfg), "--checkpoint-every", "3", "--save-final",
-              "--straggler-rate", "0.2", "--straggler-seconds", "0.01"]
+              "--straggler-rate", "0.2", "--straggler-seconds", "0.05"]
     ref = tmp_path / "ref"
     r = _torchrun(2, *common, "--out", str(ref))
     assert r.returncode == 0, r.stderr[-3000:]
 
     run = tmp_path / "run"
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
-           "--no-progress", *common, "--out", str(run), "--compute-ms", "0"]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
     ckpts = run / "checkpoints"
-    deadline = time.monotonic() + 90
-    while not list(ckpts.glob("run.rank1.step*9.pt")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every worker, mid-run
-    proc.wait()
+
+    def start(*extra: str) -> subprocess.Popen:
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
+               "--no-progress", *common, "--out", str(run), *extra]
+        return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+
+    # 1. SIGKILL every worker and torchrun mid-run (workers run in sessions of their own)
+    proc = start()
+    _wait_for(ckpts / "run.rank1.step000000009.pt", proc)
+    workers = _worker_pids(proc.pid)
+    assert len(workers) == 2, workers
+    for pid in [*workers, proc.pid]:
+        os.kill(pid, signal.SIGKILL)
+    proc.communicate()
     assert not (run / "records.csv").exists()
+
+    # 2. resume; then one worker dies: torchrun stops the other and reports it (no hang)
+    proc = start("--resume")
+    _wait_for(ckpts / "run.rank1.step000000024.pt", proc)
+    workers = _worker_pids(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert "ChildFailedError" in err and "SIGKILL" in err, err[-3000:]
+
+    # 3. a corrupt newest checkpoint is refused on every rank, naming it and the fallback
+    files = sorted(ckpts.glob("run.rank1.step*.pt"))
+    assert len(files) == 2  # the newest complete step and its predecessor
+    newest = int(files[-1].name.split("step")[1][:9])
+    previous = int(files[0].name.split("step")[1][:9])
+    files[-1].write_bytes(files[-1].read_bytes()[:200])
+    r = _torchrun(2, *common, "--out", str(run), "--resume")
+    assert r.returncode != 0
+    assert r.stderr.count(f"cannot resume from step {newest}") == 2, r.stderr[-3000:]
+    assert "rank 1: checkpoint" in r.stderr and "is corrupt" in r.stderr
+    assert f"step {previous} is the previous complete checkpoint" in r.stderr
+    for f in ckpts.glob(f"run.rank*.step{newest:09d}.pt"):
+        f.unlink()
+
+    # 4. resume from the previous checkpoint to the end: bitwise equal to the uninterrupted run
     r = _torchrun(2, *common, "--out", str(run), "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
-
     for a, b in zip(_final_state(ref, 2), _final_state(run, 2), strict=True):
         for key in a:
             assert torch.equal(a[key], b[key]), key
@@ -220,68 +263,47 @@ def test_sigkill_all_workers_then_resume_is_bitwise_equal(tmp_path):
     ta, tb = pd.read_csv(ref / "timing.csv"), pd.read_csv(run / "timing.csv")
     assert ta.stall_s.tolist() == tb.stall_s.tolist()  # the same stalls at the same steps
 
-    # A corrupt newest checkpoint is refused on every rank, naming it; the previous one loads.
-    files = sorted(ckpts.glob("run.rank1.step*.pt"))
-    assert len(files) == 2
-    files[-1].write_bytes(files[-1].read_bytes()[:200])
-    r = _torchrun(2, *common, "--out", str(run), "--resume")
-    assert r.returncode != 0
-    step = files[-1].name.split("step")[1][:9]
-    assert "rank 1: checkpoint" in r.stderr and "is corrupt" in r.stderr, r.stderr[-3000:]
-    assert f"delete the step-{step} files" in r.stderr
-    for f in ckpts.glob(f"run.rank*.step{step}.pt"):
-        f.unlink()
-    r = _torchrun(2, *common, "--out", str(run), "--resume")
-    assert r.returncode == 0, r.stderr[-3000:]
-    for a, b in zip(_final_state(ref, 2), _final_state(run, 2), strict=True):
-        assert all(torch.equal(a[key], b[key]) for key in a)
-    # another configuration is refused, naming the difference
-    r = _torchrun(2, *common, "--out", str(run), "--resume", "--local-steps", "4")
-    assert r.returncode != 0 and "local_steps: saved 2 vs now 4" in r.stderr, r.stderr[-2000:]
-
-
-def test_one_dead_worker_ends_the_job_with_torchruns_report(tmp_path):
-    cfg = _config(tmp_path, epochs=50.0)
-    run = tmp_path / "run"
-    cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
-           "--no-progress", "--config", str(cfg), "--checkpoint-every", "4", "--out", str(run)]
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not list((run / "checkpoints").glob("run.rank1.step*.pt")) \
-            and time.monotonic() < deadline:
-        time.sleep(0.05)
-    workers = _worker_pids(proc.pid)
-    assert len(workers) == 2, workers
-    os.kill(workers[1], signal.SIGKILL)
-    try:
-        _, err = proc.communicate(timeout=60)  # torchrun stops the survivor: no hang
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode != 0
-    assert "ChildFailedError" in err and "SIGKILL" in err, err[-3000:]
-    # the last complete checkpoint survives and loads
+    # another configuration (or world size) is refused, naming the difference
     from localsgd.train import load_checkpoint
 
-    cfg_obj = TrainConfig.from_dict({**TINY, "epochs": 50.0, "world_size": 2})
-    for rank in (0, 1):
-        newest = max((run / "checkpoints").glob(f"run.rank{rank}.step*.pt"))
-        assert load_checkpoint(newest, cfg_obj)["engine"]["rank"] == rank
+    saved = max(ckpts.glob("run.rank0.step*.pt"))
+    values = {**TINY, "epochs": 4.0, "post_local_warmup_epochs": 0.25,
+              "momentum_scheme": "hybrid", "augment": True, "world_size": 2}
+    assert load_checkpoint(saved, TrainConfig.from_dict(values))["engine"]["rank"] == 0
+    with pytest.raises(ValueError, match="world_size: saved 2 vs now 4"):
+        load_checkpoint(saved, TrainConfig.from_dict({**values, "world_size": 4}))
 
 
 def test_invalid_launch_fails_fast_on_every_rank(tmp_path):
     cfg = _config(tmp_path)
-    r = _torchrun(3, "--config", str(cfg), "--nodes", "2", "--procs-per-node", "2",
+    r = _torchrun(2, "--config", str(cfg), "--nodes", "2", "--procs-per-node", "2",
                   "--out", str(tmp_path / "o"), timeout=60)
     assert r.returncode != 0
-    for rank in range(3):
-        assert f"[rank {rank}] error: torchrun started 3 processes but the run needs " \
+    for rank in range(2):
+        assert f"[rank {rank}] error: torchrun started 2 processes but the run needs " \
                "world_size=4" in r.stderr, r.stderr[-2000:]
-    assert "multiples of 2" in r.stderr
-    r = _torchrun(3, "--config", str(cfg), "--block-size", "2", "--block-steps", "2",
-                  "--out", str(tmp_path / "o"), timeout=60)
-    assert r.returncode != 0 and r.stderr.count("valid block sizes are [1, 3]") == 3, r.stderr
+    assert "multiples of 2 (2, 4, 6, 8, ...)" in r.stderr
+    assert not (tmp_path / "o").exists()  # nothing trained, nothing written
+
+
+def test_config_from_yaml_and_flags_is_checked_before_launch(tmp_path):
+    import argparse
+
+    from localsgd.ddp import add_run_arguments, resolve_config
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    cfg = resolve_config(p.parse_args(["--config", str(_config(tmp_path)), "--nodes", "2",
+                                       "--procs-per-node", "2", "--block-steps", "2",
+                                       "--decay-fractions", "0.5", "--n-test", "none"]), 4)
+    assert (cfg.world_size, cfg.block_size, cfg.block_steps, cfg.n_test) == (4, 2, 2, None)
+    assert cfg.decay_fractions == (0.5,) and cfg.width == 0.25
+    with pytest.raises(ValueError, match=r"valid block sizes are \[1, 3\]"):
+        resolve_config(p.parse_args(["--block-size", "2", "--block-steps", "2"]), 3)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("local_step: 2\n")
+    with pytest.raises(ValueError, match="unknown TrainConfig field"):
+        resolve_config(p.parse_args(["--config", str(bad)]), 2)
 
 
 def test_two_nodes_on_loopback(tmp_path):

@@ -1,9 +1,10 @@
-"""Command line: ``localsgd reproduce | report | bench`` (also ``python -m localsgd``)."""
+"""Command line: ``localsgd reproduce | report | bench | train`` (also ``python -m localsgd``)."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -43,7 +44,62 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks; `localsgd bench NAME --help` for options")
     b.add_argument("name", choices=sorted(BENCHES))
     b.add_argument("args", nargs=argparse.REMAINDER)
+
+    from localsgd.ddp import add_run_arguments
+
+    t = sub.add_parser("train", help="train one TrainConfig: in this process (--engine "
+                       "replicas) or one process per worker under torchrun (--engine ddp)")
+    t.add_argument("--engine", choices=("replicas", "ddp"), default="replicas",
+                   help="replicas: K models in this process; ddp: starts torchrun --standalone "
+                   "with one process per worker (several machines: run torchrun yourself)")
+    add_run_arguments(t)
     return p
+
+
+def _train(args: argparse.Namespace, argv: list[str]) -> int:
+    import subprocess
+
+    from localsgd import ddp
+
+    if args.engine == "ddp":
+        after = argv[argv.index("train") + 1:]  # the runner's own flags, without --engine
+        rest = [a for i, a in enumerate(after) if not a.startswith("--engine")
+                and not (i > 0 and after[i - 1] == "--engine")]
+        if "RANK" in os.environ:  # already a torchrun worker
+            return ddp.main(rest)
+        if args.nodes not in (None, 1):
+            raise ValueError(f"--nodes {args.nodes}: `localsgd train` starts one machine's "
+                             "torchrun; on several machines start torchrun on each (README, "
+                             "'The torchrun runner')")
+        cfg = ddp.resolve_config(args, None)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(cfg.world_size), "-m", "localsgd.ddp", *rest]
+        print("+ " + " ".join(cmd), flush=True)
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # one thread per worker process on a CPU box
+        return subprocess.run(cmd, env=env, check=False).returncode
+    from localsgd.train import train
+
+    runner_only = {"--straggler-seconds": args.straggler_seconds, "--straggler-rate":
+                   args.straggler_rate, "--straggler-ranks": args.straggler_ranks,
+                   "--compute-ms": args.compute_ms, "--compile": args.compile}
+    given = [k for k, v in runner_only.items() if v]
+    if given:
+        raise ValueError(f"{given} need one process per worker: use --engine ddp")
+    cfg = ddp.resolve_config(args, None)
+    checkpoints = args.out / "checkpoints"
+    if args.checkpoint_every and not args.resume and (checkpoints / "run.pt").exists():
+        raise ValueError(f"{checkpoints / 'run.pt'} holds an earlier run: pass --resume or "
+                         "choose another --out")
+    use_ckpt = args.checkpoint_every > 0 or args.resume
+    records = train(cfg, checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
+                    checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
+                    progress=not args.no_progress)
+    summary = ddp.write_outputs(args.out, records, None, [], {
+        "engine": "replicas", "world_size": cfg.world_size, "steps": int(records.step.iloc[-1]),
+        "seconds": float(records.wall_seconds.iloc[-1])})
+    print(ddp.format_summary(summary))
+    return 0
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -75,8 +131,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from localsgd.reproduce import HarnessError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     try:
+        if args.command == "train":
+            return _train(args, argv)
         if args.command == "reproduce":
             return _reproduce(args)
         if args.command == "report":

@@ -368,7 +368,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         cfg.add_argument(f"--{f.name.replace('_', '-')}", dest=f"cfg_{f.name}",
-                         type=_field_parser(hints[f.name]), default=None, metavar="V",
+                         type=_field_parser(hints[f.name]), default=argparse.SUPPRESS,
+                         metavar="V",
                          help=f"default {f.default!r}")
     r = p.add_argument_group("runner")
     r.add_argument("--nodes", type=int, help="nodes (world = nodes x procs-per-node)")
@@ -409,7 +410,7 @@ def config_values(args: argparse.Namespace) -> dict:
             raise ValueError(f"{args.config}: expected a mapping of TrainConfig fields")
         values.update(loaded)
     for key, value in vars(args).items():
-        if key.startswith("cfg_") and value is not None:
+        if key.startswith("cfg_"):  # present only when given (default=SUPPRESS): None counts
             values[key[4:]] = value
     return values
 
@@ -480,7 +481,8 @@ def format_summary(s: dict) -> str:
     workers = s.get("workers", s.get("world_size"))
     lines = [f"{s.get('engine', '?')} engine, {workers} workers, {s.get('steps', '?')} steps"]
     if "steps_per_s" in s:
-        lines.append(f"  {s['steps_per_s']:.2f} steps/s; worker time: compute "
+        lines.append(f"  {s['steps_per_s']:.2f} steps/s (median step {1e3 * s['median_step_s']:.1f}"
+                     f" ms); worker time: compute "
                      f"{100 * s['compute_share']:.1f} %, waiting {100 * s['wait_share']:.1f} %, "
                      f"communication {100 * s['comm_share']:.1f} %; {s['stalls']} stalls "
                      f"({s['stall_seconds']:.1f} s)")
@@ -526,10 +528,14 @@ def main(argv: list[str] | None = None) -> int:
 
     use_ckpt = args.checkpoint_every > 0 or args.resume
     try:
-        records = train(cfg, engine=make_engine,
-                        checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
-                        checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
-                        progress=not args.no_progress and rank == 0)
+        try:
+            records = train(cfg, engine=make_engine,
+                            checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
+                            checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
+                            progress=not args.no_progress and rank == 0)
+        except ValueError as err:  # bad checkpoint or configuration: raised on every rank
+            print(f"[rank {rank}] error: {err}", file=sys.stderr)
+            return 2
         engine = holder[0]
         timelines = engine.all_gather_object(engine.timeline)
         if args.save_final:

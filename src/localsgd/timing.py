@@ -291,6 +291,9 @@ def timing_summary(df: pd.DataFrame, group_sizes: list[int]) -> dict:
     out = {
         "steps": steps, "workers": int(df["rank"].nunique()), "seconds": span,
         "steps_per_s": steps / span if span > 0 else float("nan"),
+        # median over steps of the slowest worker's step: the compiled-vs-eager comparison
+        # (the first, compiling, steps do not move it)
+        "median_step_s": float(df.groupby("step")["wall_s"].max().median()),
         "compute_share": float(df["compute_s"].sum()) / wall,
         "wait_share": float(df["wait_s"].sum()) / wall,
         "comm_share": float(df["comm_s"].sum()) / wall,
