@@ -25,6 +25,12 @@ Per step and worker it records wall-clock timestamps (`timeline`), from which
 `localsgd.timing.split_waiting` splits each step into compute, waiting and communication; it
 emulates stragglers (`localsgd.timing.Stragglers`, the blog's experiment) and, with
 ``compute_ms``, replaces the model's compute by a sleep so 8-16 processes fit on 2 cores.
+
+``--compile MODE`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp = MODE``
+("TorchDynamo Update 9: Making DDP Work with TorchDynamo": DDPOptimizer splits the graph at
+bucket boundaries to keep the overlap); ``--compare-eager`` trains eager then compiled from one
+seed and compares per-step time and loss curves. Checkpoints are per rank (`RankCheckpoints` in
+`localsgd.train`); a resume after SIGKILL of every worker is bitwise exact on CPU/gloo.
 """
 
 from __future__ import annotations
@@ -390,7 +396,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="emulated compute: sleep this long per step instead of the model")
     r.add_argument("--compile", choices=COMPILE_MODES, default=None,
                    help="torch.compile the DDP model with this optimize_ddp mode")
-    r.add_argument("--compile-backend", default="inductor")
+    r.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend (inductor; aot_eager traces without codegen)")
+    r.add_argument("--compare-eager", action="store_true",
+                   help="with --compile: train eager, then compiled, from the same seed; report "
+                   "both per-step times and check the loss curves agree (out/compare.json)")
+    r.add_argument("--loss-rtol", type=float, default=1e-2,
+                   help="--compare-eager: largest relative per-epoch train-loss difference")
     r.add_argument("--bucket-cap-mb", type=float, default=25.0)
     r.add_argument("--backend", choices=("gloo", "nccl"), default=None,
                    help="process-group backend (default: nccl with CUDA, else gloo)")
@@ -497,7 +509,6 @@ def format_summary(s: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m localsgd.ddp`` under torchrun: one worker of the job."""
     from localsgd.distributed import init_from_env
-    from localsgd.train import build_engine, train
 
     p = argparse.ArgumentParser(prog="python -m localsgd.ddp", description=__doc__.split("\n")[0])
     add_run_arguments(p)
@@ -519,40 +530,81 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[rank {rank}] error: {err}", file=sys.stderr)
         return 2
     init_from_env(args.backend)
-    holder: list[DDPEngine] = []
-
-    def make_engine(c, n_train, num_classes):
-        holder.append(build_engine(c, n_train, num_classes, kind="ddp",
-                                   **engine_options(args, c.seed)))
-        return holder[0]
-
-    use_ckpt = args.checkpoint_every > 0 or args.resume
     try:
-        try:
-            records = train(cfg, engine=make_engine,
-                            checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
-                            checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
-                            progress=not args.no_progress and rank == 0)
-        except ValueError as err:  # bad checkpoint or configuration: raised on every rank
-            print(f"[rank {rank}] error: {err}", file=sys.stderr)
-            return 2
-        engine = holder[0]
-        timelines = engine.all_gather_object(engine.timeline)
-        if args.save_final:
-            args.out.mkdir(parents=True, exist_ok=True)
-            torch.save(_clone_tensors(engine.model.state_dict()), args.out / f"final_rank{rank}.pt")
-        if rank == 0:
-            meta = {"engine": "ddp", "world_size": world, "backend": dist.get_backend(),
-                    "compile": args.compile, "compute_ms": args.compute_ms,
-                    "straggler_seconds": args.straggler_seconds,
-                    "straggler_rate": args.straggler_rate,
-                    "straggler_ranks": list(args.straggler_ranks)}
-            summary = write_outputs(args.out, records, [r for tl in timelines for r in tl],
-                                    [lv.group_size for lv in cfg.topology().levels], meta)
-            print(format_summary(summary))
+        if args.compare_eager:
+            if args.compile is None or args.resume or args.checkpoint_every:
+                print(f"[rank {rank}] error: --compare-eager needs --compile MODE and no "
+                      "checkpoints (it trains the config twice from scratch)", file=sys.stderr)
+                return 2
+            eager = _run_once(args, cfg, args.out / "eager", None, rank, world)
+            compiled = _run_once(args, cfg, args.out / args.compile, args.compile, rank, world)
+            if rank == 0:
+                return _compare(eager, compiled, args)
+            return 0
+        return 0 if _run_once(args, cfg, args.out, args.compile, rank, world) is not None else 2
     finally:
         dist.destroy_process_group()
-    return 0
+
+
+def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, rank: int,
+              world: int) -> dict | None:
+    """Train ``cfg`` once (this rank's worker) and write the outputs on rank 0; the summary on
+    rank 0, {} on the others, None after an error (printed)."""
+    from localsgd.train import build_engine, train
+
+    holder: list[DDPEngine] = []
+    options = {**engine_options(args, cfg.seed), "compile": compile}
+
+    def make_engine(c, n_train, num_classes):
+        holder.append(build_engine(c, n_train, num_classes, kind="ddp", **options))
+        return holder[0]
+
+    checkpoints = out / "checkpoints"
+    use_ckpt = args.checkpoint_every > 0 or args.resume
+    try:
+        records = train(cfg, engine=make_engine,
+                        checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
+                        checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
+                        progress=not args.no_progress and rank == 0)
+    except ValueError as err:  # bad checkpoint or configuration: raised on every rank
+        print(f"[rank {rank}] error: {err}", file=sys.stderr)
+        return None
+    engine = holder[0]
+    timelines = engine.all_gather_object(engine.timeline)
+    if args.save_final:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(_clone_tensors(engine.model.state_dict()), out / f"final_rank{rank}.pt")
+    if rank != 0:
+        return {}
+    meta = {"engine": "ddp", "world_size": world, "backend": dist.get_backend(),
+            "compile": compile, "compile_backend": args.compile_backend if compile else None,
+            "compute_ms": args.compute_ms, "straggler_seconds": args.straggler_seconds,
+            "straggler_rate": args.straggler_rate, "straggler_ranks": list(args.straggler_ranks)}
+    summary = write_outputs(out, records, [r for tl in timelines for r in tl],
+                            [lv.group_size for lv in cfg.topology().levels], meta)
+    summary["train_loss"] = records.train_loss.tolist()
+    print(format_summary(summary))
+    return summary
+
+
+def _compare(eager: dict, compiled: dict, args: argparse.Namespace) -> int:
+    """Per-step time of eager vs compiled and the compiled loss curve against eager's."""
+    a, b = eager["train_loss"], compiled["train_loss"]
+    rel = max(abs(x - y) / abs(x) for x, y in zip(a, b, strict=True))
+    ok = rel <= args.loss_rtol
+    report = {"mode": args.compile, "backend": args.compile_backend,
+              "eager_median_step_s": eager["median_step_s"],
+              "compiled_median_step_s": compiled["median_step_s"],
+              "speedup": eager["median_step_s"] / compiled["median_step_s"],
+              "train_loss_eager": a, "train_loss_compiled": b,
+              "max_rel_loss_diff": rel, "loss_rtol": args.loss_rtol, "agree": ok}
+    (args.out / "compare.json").write_text(json.dumps(report, indent=2))
+    print(f"compiled ({args.compile}, {args.compile_backend}) vs eager: median step "
+          f"{1e3 * report['compiled_median_step_s']:.1f} ms vs "
+          f"{1e3 * report['eager_median_step_s']:.1f} ms ({report['speedup']:.2f}x); per-epoch "
+          f"train loss differs by at most {rel:.2e} relative ({'within' if ok else 'ABOVE'} "
+          f"--loss-rtol {args.loss_rtol})")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
