@@ -97,6 +97,9 @@ DEVICE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|mps|cuda(:\d+)
 SHAPE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[1-9]\d*[x×][1-9]\d*", v) is not None,
              "'SERVERSxGPUS', e.g. '8x2'")
 POSITIVE_INTS = list_of(integer(1))
+MOMENTA = list_of(Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+                       and all(_is_number(m) and 0 <= m < 1 for m in v),
+                       "a pair [local, global] of momenta in [0, 1)"))
 
 # One rule per parameter name used by the notebooks. Names mean the same in every notebook.
 RULES: dict[str, Rule] = {
@@ -134,6 +137,9 @@ RULES: dict[str, Rule] = {
     "epochs": number(0.0),
     "warmup_epochs": number(0.0, inclusive=True),
     "tricks": FLAG,
+    "base_batch": integer(1),
+    "table6_momenta": MOMENTA,
+    "table7_momenta": MOMENTA,
     "target_acc": optional(number(0.0, maximum=100.0)),
     "compute_ms_per_update": optional(number(0.0)),
     "delays_s": list_of(number(0.0, inclusive=True)),
