@@ -70,8 +70,16 @@ def test_torchrun_script_runs_and_ends_in_consensus(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "4", str(path)]
-    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240, env=env,
-                       cwd=tmp_path)
+    for _attempt in range(2):
+        r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=240,
+                           env=env, cwd=tmp_path)
+        # one retry only for a crash at process teardown after every rank finished (seen once
+        # under a loaded 2-core CI: "terminate called without an active exception" on one rank)
+        teardown_crash = ("terminate called without an active exception" in r.stderr
+                          and "AssertionError" not in r.stderr
+                          and r.stdout.count("step 40") == 4)
+        if r.returncode == 0 or not teardown_crash:
+            break
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert r.stdout.count("step 40") == 4
 
