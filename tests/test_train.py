@@ -118,7 +118,36 @@ def test_hierarchical_warmups_and_block_momentum_run(synth):
     assert rec.lr_last.iloc[0] == pytest.approx(0.2 + (0.4 - 0.2) * 7 / 8)
 
 
+def test_slowmo_over_local_sgd_and_over_sgp(synth):
+    # 4 workers, 8 updates per epoch, 16 updates: SlowMo every 4 over local SGD with H = 2
+    base = dataclasses.replace(TINY, world_size=4, local_batch=8, epochs=2.0, slowmo_frequency=4,
+                               slowmo_momentum=0.5, slowmo_lr=1.0)
+    rec = train(base, dataset=synth, progress=False)
+    assert rec.outer_steps.tolist() == [2, 4]
+    assert rec.sync_l0.tolist() == [4, 8]  # the slow step forces the exact average of t = 4k
+    assert rec.gossip_rounds.tolist() == [0, 0]
+    assert math.isfinite(rec.train_loss.iloc[-1])
+    # slow momentum 0 with slow lr 1 is plain local SGD, bitwise (the outer step is w = w_avg)
+    plain = train(dataclasses.replace(TINY, world_size=4, local_batch=8, epochs=2.0),
+                  dataset=synth, progress=False)
+    no_mom = train(dataclasses.replace(base, slowmo_momentum=0.0), dataset=synth, progress=False)
+    # float32: w_prev - gamma * (w_prev - w_avg) / gamma rounds differently from w_avg
+    assert no_mom.train_loss.tolist() == pytest.approx(plain.train_loss.tolist(), rel=1e-3)
+    assert rec.train_loss.tolist() != pytest.approx(plain.train_loss.tolist(), rel=1e-2)
+    # over SGP: gossip after every update the slow step does not average exactly
+    sgp = train(dataclasses.replace(base, local_steps=4, gossip=True), dataset=synth,
+                progress=False)
+    assert sgp.outer_steps.tolist() == [2, 4] and sgp.sync_l0.tolist() == [2, 4]
+    assert sgp.gossip_rounds.tolist() == [6, 12]
+
+
 def test_config_errors():
+    with pytest.raises(ValueError, match="both want the outer step"):
+        TrainConfig(slowmo_frequency=4, momentum_scheme="global")
+    with pytest.raises(ValueError, match="slowmo_frequency=0"):
+        TrainConfig(slowmo_frequency=0)
+    with pytest.raises(ValueError, match="outer momentum"):
+        TrainConfig(slowmo_momentum=1.0)
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         TrainConfig.from_dict({"local_step": 2})
     with pytest.raises(ValueError, match="block_size"):

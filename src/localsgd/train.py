@@ -123,6 +123,22 @@ class TrainConfig:
     average_buffers: bool = False
     """Average BatchNorm running statistics at every sync (False: per worker, §4.1)."""
 
+    # -- SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel) over local SGD or SGP
+    slowmo_frequency: int | None = None
+    """Every this many updates: exact global average, then the slow-momentum outer step
+    (`localsgd.outer`); None: no SlowMo. `local_steps` stays the base algorithm's averaging
+    period (fairscale's localsgd_frequency)."""
+    slowmo_momentum: float = 0.5
+    """Slow momentum beta (fairscale's slowmo_momentum)."""
+    slowmo_lr: float = 1.0
+    """Slow learning rate alpha (fairscale's slowmo_lr)."""
+    gossip: bool = False
+    """SGP base (Assran et al. 2019): one push-sum round on a time-varying exponential graph after
+    every update that does not average; with SlowMo set local_steps = slowmo_frequency so only the
+    slow step averages exactly."""
+    peers_per_step: int = 1
+    """SGP peers per gossip round."""
+
     # -- engine and bookkeeping
     batched: bool = False
     """Run the K replicas as one vmapped model (`BatchedReplicaEngine`), e.g. on one GPU."""
@@ -143,11 +159,21 @@ class TrainConfig:
         if not self.epochs > 0:
             raise ValueError(f"epochs={self.epochs}: must be > 0")
         for name in ("world_size", "local_batch", "local_steps", "block_steps", "base_batch",
-                     "eval_batch"):
+                     "eval_batch", "peers_per_step"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
         object.__setattr__(self, "decay_fractions", tuple(self.decay_fractions))
+        if self.slowmo_frequency is not None:
+            f = self.slowmo_frequency
+            if isinstance(f, bool) or not isinstance(f, int) or f < 1:
+                raise ValueError(f"slowmo_frequency={f!r}: must be an integer >= 1 or None")
+            if self.momentum_scheme in ("global", "hybrid"):
+                raise ValueError(
+                    f"slowmo_frequency={f} and momentum_scheme={self.momentum_scheme!r} both "
+                    "want the outer step: SlowMo's slow momentum is the outer momentum; use "
+                    "momentum_scheme='local' (or 'none') with SlowMo")
+        OuterUpdate(self.slowmo_momentum, self.slowmo_lr)  # validates beta in [0, 1), alpha > 0
         self.topology()  # validates K, K', H, H^b with the schedule's own messages
         if self.block_gradient_allreduce and self.topology().num_levels < 2:
             raise ValueError(
@@ -218,6 +244,9 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
     if kind == "replicas" and options:
         raise ValueError(f"options {sorted(options)} belong to the ddp engine, not the replicas")
+    if kind == "ddp" and cfg.peers_per_step != 1:
+        raise ValueError(f"peers_per_step={cfg.peers_per_step}: the ddp engine gossips with one "
+                         "peer per round; use peers_per_step=1 or the replicas engine")
     if kind == "ddp" and cfg.batched:
         raise ValueError("batched=True vmaps K replicas in one process; the ddp engine runs one "
                          "worker per process: set batched=False")
@@ -228,13 +257,18 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
         warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),
         local_step_warmup_epochs=cfg.local_step_warmup_epochs,
         steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
-        outer_period="global" if cfg.momentum_scheme in ("global", "hybrid") else None,
+        outer_period=("global" if cfg.momentum_scheme in ("global", "hybrid")
+                      else cfg.slowmo_frequency),
         post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
+        gossip=cfg.gossip,
     )
     local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
     global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum
-    outer = (OuterUpdate(momentum=global_m)
-             if cfg.momentum_scheme in ("global", "hybrid") else None)
+    outer = None
+    if cfg.momentum_scheme in ("global", "hybrid"):
+        outer = OuterUpdate(momentum=global_m)
+    elif cfg.slowmo_frequency is not None:
+        outer = OuterUpdate(momentum=cfg.slowmo_momentum, lr=cfg.slowmo_lr)
 
     def model_fn() -> nn.Module:
         return models_mod.build_model(cfg.model, num_classes=num_classes,
@@ -257,7 +291,8 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     engine_cls = BatchedReplicaEngine if cfg.batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
-                      average_buffers=cfg.average_buffers, device=cfg.device)
+                      average_buffers=cfg.average_buffers, peers_per_step=cfg.peers_per_step,
+                      device=cfg.device)
 
 
 @torch.no_grad()
@@ -397,6 +432,8 @@ class _Totals:
     data_seconds: float = 0.0
     sync: list[int] = field(default_factory=list)
     gradsync: list[int] = field(default_factory=list)
+    gossip: int = 0  # SGP push-sum rounds
+    outer: int = 0  # outer steps (block momentum, SlowMo)
     # this process's workers over the current epoch, combined across processes at each record
     step_seconds: list[list[float]] = field(default_factory=list)
     loss_sum: float = 0.0
@@ -456,7 +493,7 @@ def train(
     batches of the epoch, before each update, augmented), test_loss / test_acc (averaged model),
     lr_last (the lr of the epoch's last update), compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
     preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
-    gradsync_l{i} (gradient all-reduces), plus the config.
+    gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
     """
     from tqdm.auto import tqdm
 
@@ -520,6 +557,7 @@ def train(
         for i, level in enumerate(topo.levels):
             row.update({f"group_l{i}": level.group_size, f"sync_l{i}": tot.sync[i],
                         f"gradsync_l{i}": tot.gradsync[i]})
+        row.update({"gossip_rounds": tot.gossip, "outer_steps": tot.outer})
         records.append(row)
         tot.loss_sum, tot.correct, tot.seen = 0.0, 0, 0
         tot.step_seconds = [[] for _ in ranks]
@@ -556,6 +594,8 @@ def train(
                     tot.sync[action.level] += 1
                 if action.allreduce_grads_level is not None:
                     tot.gradsync[action.allreduce_grads_level] += 1
+                tot.gossip += bool(action.gossip)
+                tot.outer += bool(action.outer)
                 bar.update(1)
                 if engine.t % steps_per_epoch == 0 or engine.t == total:
                     record(engine.t)
