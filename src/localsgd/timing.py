@@ -8,8 +8,11 @@ Appendix B of Lin et al. (2020) prices one all-reduce among ``p`` devices at ``C
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
+import numpy as np
 import pandas as pd
 
 
@@ -308,3 +311,553 @@ def timing_summary(df: pd.DataFrame, group_sizes: list[int]) -> dict:
         out[f"bytes_l{level}"] = moved
         out[f"group_l{level}"] = g
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Wall-clock model of synchronous, local, hierarchical SGD, SlowMo and SGP with stragglers
+# ----------------------------------------------------------------------------------------------
+#
+# No event queue: every worker has a clock, every step adds its compute (+ stall), and a
+# synchronisation of a group sets the clocks of its members to the group's release time
+# (the slowest member's arrival) plus the collective's cost. Between two syncs of a group its
+# workers run ahead independently, so a stall is absorbed when the others stall later in the same
+# period (the blog, "Why Can Hierarchical SGD Mitigate Stragglers?"). The loop runs over steps;
+# each step is a handful of numpy operations over configurations × workers at once.
+
+SCHEME_KINDS = ("sync", "local", "hier", "slowmo", "sgp", "schedule")
+
+_SCHEME_HELP = (
+    "'sync' | 'local:H' | 'hsgd:P1-G1,P2-G2,...' (PyTorch period-group pairs, e.g. "
+    "'hsgd:2-8,4-32,8-64') | 'hier:H=2,Kp=4,Hb=4' (the paper's H, K', H^b) | "
+    "'slowmo:localsgd,F,S' (base local SGD every F steps, slow momentum every S) | "
+    "'slowmo:sgp,S' | 'sgp'; append '+hostgrad' / '-hostgrad' to force the per-step intra-host "
+    "gradient all-reduce on / off for that scheme")
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One communication schedule for `simulate`.
+
+    ``levels`` are model-averaging levels in PyTorch's ``period → group size`` form (contiguous
+    ranks, group sizes nesting, the last the whole world; when several are due only the largest
+    runs — the blog's "How Does Hierarchical SGD Work?" rules, `localsgd.schedule.SyncSchedule`).
+
+    kinds: ``sync`` (DDP: gradient all-reduce of the world every step, overlapped with backward);
+    ``local`` / ``hier`` (model averaging by ``levels``; with ``host_grad`` the workers of a host
+    also all-reduce gradients every step, PyTorch's ``post_local_gradient_allreduce``, blog
+    "Algorithm Hyperparameters"); ``slowmo`` (SlowMo document, 001: intra-node gradient
+    all-reduce every step, base algorithm local SGD every ``localsgd_frequency`` steps or SGP
+    every step between nodes, and every ``slowmo_frequency`` steps an exact world average plus
+    the sharded slow-momentum step); ``sgp`` (one push-sum message per step to one peer of the
+    exponential graph, `localsgd.gossip`, between nodes with intra-node gradient all-reduce);
+    ``schedule`` (any `SyncSchedule`, e.g. exactly what the torchrun runner executes: see
+    `Scheme.from_train_config`).
+
+    ``host_grad``: None follows `simulate(intra_host_grad_allreduce=...)`; True/False forces it.
+    ``warmup_steps``: post-local SGD warm-up (world gradient all-reduce for those first steps).
+    """
+
+    kind: str
+    levels: tuple[tuple[int, int], ...] = ()
+    name: str = ""
+    host_grad: bool | None = None
+    warmup_steps: int = 0
+    base: str = "localsgd"
+    localsgd_frequency: int = 1
+    slowmo_frequency: int = 48
+    schedule: object = None  # a SyncSchedule for kind "schedule"
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCHEME_KINDS:
+            raise ValueError(f"scheme kind {self.kind!r}: expected one of {SCHEME_KINDS}")
+        if self.kind == "slowmo" and self.base not in ("localsgd", "sgp"):
+            raise ValueError(f"slowmo base {self.base!r}: expected 'localsgd' or 'sgp'")
+        for field in ("localsgd_frequency", "slowmo_frequency"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{field}={v!r}: must be an integer >= 1")
+        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
+                or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps!r}: must be an integer >= 0")
+        if self.kind in ("local", "hier") and not self.levels:
+            raise ValueError(f"a {self.kind!r} scheme needs levels, e.g. ((8, world_size),)")
+        if self.kind == "schedule" and self.schedule is None:
+            raise ValueError("kind 'schedule' needs schedule=SyncSchedule(...)")
+        if not self.name:
+            object.__setattr__(self, "name", self._default_name())
+
+    # -- constructors ----------------------------------------------------------------------
+
+    @classmethod
+    def sync(cls, name: str = "sync") -> Scheme:
+        """Synchronous SGD (DDP): world gradient all-reduce every step."""
+        return cls("sync", name=name)
+
+    @classmethod
+    def local(cls, H: int, *, host_grad: bool | None = None, warmup_steps: int = 0,
+              name: str = "") -> Scheme:
+        """Local SGD: the world averages models every ``H`` steps (world size filled in later)."""
+        return cls("local", ((H, 0),), name=name, host_grad=host_grad, warmup_steps=warmup_steps)
+
+    @classmethod
+    def hierarchical(cls, period_group_sizes, *, host_grad: bool | None = None,
+                     warmup_steps: int = 0, name: str = "") -> Scheme:
+        """PyTorch form ``{period: group_size}`` (``HierarchicalModelAverager``), e.g.
+        ``{2: 8, 4: 32, 8: 128}``; a last group size of 0 means "the whole world"."""
+        items = list(period_group_sizes.items() if hasattr(period_group_sizes, "items")
+                     else period_group_sizes)
+        if not items:
+            raise ValueError("period_group_sizes must not be empty, e.g. {2: 8, 8: 64}")
+        return cls("hier", tuple((int(p), int(g)) for p, g in items), name=name,
+                   host_grad=host_grad, warmup_steps=warmup_steps)
+
+    @classmethod
+    def paper(cls, H: int, block_size: int, block_steps: int, *, host_grad: bool | None = None,
+              warmup_steps: int = 0, name: str = "") -> Scheme:
+        """Lin et al. Algorithm 2 (eq. 5): blocks of K' = ``block_size`` average every ``H``
+        steps, the world every ``H·H^b``; flat local SGD when H^b = 1."""
+        if block_steps == 1:
+            return cls.local(H, host_grad=host_grad, warmup_steps=warmup_steps,
+                             name=name or f"hier H={H} K'={block_size} Hb=1")
+        return cls("hier", ((H, block_size), (H * block_steps, 0)), host_grad=host_grad,
+                   warmup_steps=warmup_steps,
+                   name=name or f"hier H={H} K'={block_size} Hb={block_steps}")
+
+    @classmethod
+    def slowmo(cls, base: str = "localsgd", localsgd_frequency: int = 3,
+               slowmo_frequency: int = 48, name: str = "") -> Scheme:
+        """SlowMo (fairscale document, 001): defaults are its recommended
+        ``localsgd_frequency`` = 3 and "typically every 48 iterations"."""
+        return cls("slowmo", name=name, base=base, localsgd_frequency=localsgd_frequency,
+                   slowmo_frequency=slowmo_frequency)
+
+    @classmethod
+    def sgp(cls, name: str = "sgp") -> Scheme:
+        return cls("sgp", name=name)
+
+    @classmethod
+    def from_schedule(cls, schedule, name: str = "schedule") -> Scheme:
+        """Exactly the syncs of a `localsgd.schedule.SyncSchedule` (levels, gradient levels,
+        warm-up, gossip, outer steps): ``action(t)`` is read for every simulated step."""
+        return cls("schedule", name=name, schedule=schedule)
+
+    @classmethod
+    def from_train_config(cls, cfg, steps_per_epoch: int, name: str = "") -> Scheme:
+        """What ``python -m localsgd.ddp`` runs for a `TrainConfig`: the same `SyncSchedule`
+        that `localsgd.train.train` builds (``steps_per_epoch`` = per-worker share of the data
+        // local_batch, as ``train._steps`` computes it)."""
+        from localsgd.schedule import SyncSchedule
+
+        schedule = SyncSchedule(  # mirrors localsgd.train.train's construction
+            cfg.topology(),
+            warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),
+            local_step_warmup_epochs=cfg.local_step_warmup_epochs,
+            steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
+            outer_period="global" if cfg.momentum_scheme in ("global", "hybrid") else None,
+            post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
+        )
+        return cls.from_schedule(schedule, name=name or "train config")
+
+    @classmethod
+    def parse(cls, text: str) -> Scheme:
+        """Parse a scheme string: """ + _SCHEME_HELP + "."
+        if isinstance(text, Scheme):
+            return text
+        raw = str(text).strip()
+        s = raw.lower().replace(" ", "")
+        host_grad = None
+        if s.endswith("+hostgrad"):
+            s, host_grad = s[: -len("+hostgrad")], True
+        elif s.endswith("-hostgrad"):
+            s, host_grad = s[: -len("-hostgrad")], False
+        kind, _, arg = s.partition(":")
+        try:
+            if kind == "sync" and not arg:
+                return cls.sync(name=raw)
+            if kind == "local":
+                return cls.local(int(arg), host_grad=host_grad, name=raw)
+            if kind == "hsgd":
+                pairs = [tuple(int(v) for v in part.split("-")) for part in arg.split(",")]
+                if not pairs or any(len(p) != 2 for p in pairs):
+                    raise ValueError
+                return cls.hierarchical(pairs, host_grad=host_grad, name=raw)
+            if kind == "hier":
+                kv = dict(part.split("=") for part in arg.split(","))
+                return cls.paper(int(kv["h"]), int(kv["kp"]), int(kv["hb"]),
+                                 host_grad=host_grad, name=raw)
+            if kind == "slowmo":
+                parts = arg.split(",") if arg else ["localsgd"]
+                if parts[0] == "localsgd":
+                    nums = [int(v) for v in parts[1:]] or [3]
+                    return cls.slowmo("localsgd", nums[0], nums[1] if len(nums) > 1 else 48,
+                                      name=raw)
+                if parts[0] == "sgp":
+                    return cls.slowmo("sgp", 1, int(parts[1]) if len(parts) > 1 else 48,
+                                      name=raw)
+                raise ValueError
+            if kind == "sgp" and not arg:
+                return cls.sgp(name=raw)
+        except (ValueError, KeyError, IndexError):
+            pass
+        raise ValueError(f"scheme {raw!r} not understood; expected {_SCHEME_HELP}")
+
+    def _default_name(self) -> str:
+        if self.kind == "sync":
+            return "sync"
+        if self.kind == "local":
+            return f"local:{self.levels[0][0]}"
+        if self.kind == "hier":
+            return "hsgd:" + ",".join(f"{p}-{g or 'K'}" for p, g in self.levels)
+        if self.kind == "slowmo":
+            return (f"slowmo:localsgd,{self.localsgd_frequency},{self.slowmo_frequency}"
+                    if self.base == "localsgd" else f"slowmo:sgp,{self.slowmo_frequency}")
+        return self.kind
+
+    # -- the per-step plan ------------------------------------------------------------------
+
+    def plan(self, workers: int, gpus_per_node: int, steps: int,
+             host_grad_default: bool = False) -> dict[str, np.ndarray]:
+        """Per step t = 1..steps: ``grad`` (group size all-reducing gradients before the update,
+        1 = none), ``avg`` (group size averaging models after it, 1 = none), ``gossip`` (offset
+        in ranks of the peer a worker receives from, 0 = none) and ``allgather`` (1 where a
+        sharded slow-momentum step all-gathers the model after a world average)."""
+        return _plan(self, workers, gpus_per_node, steps, host_grad_default)
+
+
+def _gossip_offset(step: int, units: int) -> int:
+    """Offset of the one peer of `localsgd.gossip.plan(step, units)` (exponential graph,
+    one peer per step: ``2^(step mod J)``); inlined so the model does not import torch."""
+    phases = max(units - 1, 0).bit_length()
+    return 2 ** (step % phases) if phases else 0
+
+
+def _schedule_plan(schedule, steps: int) -> dict[str, np.ndarray]:
+    topo = schedule.topology
+    sizes = [lv.group_size for lv in topo.levels]
+    out = {k: np.ones(steps, dtype=np.int64) for k in ("grad", "avg")}
+    out["gossip"] = np.zeros(steps, dtype=np.int64)
+    out["allgather"] = np.zeros(steps, dtype=np.int64)
+    for i in range(steps):
+        a = schedule.action(i + 1)
+        if a.allreduce_grads_level is not None:
+            out["grad"][i] = sizes[a.allreduce_grads_level]
+        if a.level is not None:
+            out["avg"][i] = sizes[a.level]
+        if a.gossip:
+            out["gossip"][i] = _gossip_offset(i + 1, topo.world_size)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _plan(scheme: Scheme, workers: int, gpn: int, steps: int,
+          host_grad_default: bool) -> dict[str, np.ndarray]:
+    from localsgd.schedule import SyncSchedule, Topology
+
+    if scheme.kind == "schedule":
+        if scheme.schedule.topology.world_size != workers:
+            raise ValueError(f"scheme {scheme.name!r}: its schedule is for "
+                             f"{scheme.schedule.topology.world_size} workers, not {workers}")
+        return _schedule_plan(scheme.schedule, steps)
+    if scheme.kind == "sync":
+        return _schedule_plan(SyncSchedule(Topology([(1, workers)], workers),
+                                           warmup_steps=steps), steps)
+    if scheme.kind in ("local", "hier"):
+        levels = [(p, g if g else workers) for p, g in scheme.levels]
+        if levels[-1][1] != workers:
+            raise ValueError(f"scheme {scheme.name!r}: the last group ({levels[-1][1]}) must be "
+                             f"the whole world of {workers} workers")
+        host_grad = host_grad_default if scheme.host_grad is None else scheme.host_grad
+        grad_level: int | bool = False
+        if host_grad and gpn > 1:
+            if any(g % gpn for _, g in levels if g >= gpn) or any(g < gpn for _, g in levels):
+                raise ValueError(f"scheme {scheme.name!r}: intra-host gradient all-reduce needs "
+                                 f"every group size to be a multiple of gpus_per_node={gpn}")
+            if levels[0][1] == gpn:  # the host level exists: it all-reduces gradients instead
+                grad_level = 0
+            elif levels[0][0] == 1:
+                raise ValueError(f"scheme {scheme.name!r}: a period-1 level of "
+                                 f"{levels[0][1]} workers beside the host gradient group")
+            else:
+                levels = [(1, gpn), *levels]
+                grad_level = 0
+        topo = Topology(levels, workers)
+        return _schedule_plan(SyncSchedule(topo, warmup_steps=scheme.warmup_steps,
+                                           post_local_gradient_allreduce=grad_level), steps)
+    # slowmo / sgp: nodes are the units; GPUs of a node all-reduce gradients every step (001)
+    if workers % gpn:
+        raise ValueError(f"{workers} workers are not whole nodes of gpus_per_node={gpn}")
+    nodes = workers // gpn
+    t = np.arange(1, steps + 1)
+    out = {"grad": np.full(steps, max(1, gpn), dtype=np.int64),
+           "avg": np.ones(steps, dtype=np.int64), "gossip": np.zeros(steps, dtype=np.int64),
+           "allgather": np.zeros(steps, dtype=np.int64)}
+    gossiping = scheme.kind == "sgp" or scheme.base == "sgp"
+    if gossiping and nodes > 1:
+        out["gossip"] = np.array([_gossip_offset(int(s), nodes) * gpn for s in t])
+    elif scheme.kind == "slowmo":
+        out["avg"][t % scheme.localsgd_frequency == 0] = workers
+    if scheme.kind == "slowmo":
+        slow = t % scheme.slowmo_frequency == 0
+        out["avg"][slow] = workers  # exact average before the slow-momentum step
+        out["gossip"][slow] = 0
+        out["allgather"][slow] = 1
+    return out
+
+
+def _lognormal_compute(rng: np.random.Generator, mean: float, cv: float,
+                       shape: tuple[int, ...]) -> np.ndarray:
+    """Positive per-step compute times with the given mean and coefficient of variation."""
+    if cv <= 0:
+        return np.full(shape, mean)
+    sigma2 = math.log1p(cv * cv)
+    return rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), size=shape)
+
+
+def _stall_draws(stragglers: Stragglers, workers: int, steps: int, rng: np.random.Generator,
+                 runner_stalls: bool) -> np.ndarray:
+    """[steps, workers] stall seconds with `Stragglers` semantics (rate per worker and step,
+    persistent ranks every step); ``runner_stalls`` reproduces `Stragglers.stall` draw by draw."""
+    bad = [r for r in stragglers.persistent if r >= workers]
+    if bad:
+        raise ValueError(f"persistent straggler ranks {bad} do not exist among {workers} workers "
+                         f"(ranks 0..{workers - 1})")
+    if not stragglers.active:
+        return np.zeros((steps, workers))
+    if runner_stalls:
+        return np.array([[stragglers.stall(r, t) for r in range(workers)]
+                         for t in range(1, steps + 1)])
+    stall = (rng.random((steps, workers)) < stragglers.rate) * float(stragglers.seconds)
+    if stragglers.persistent:
+        stall[:, list(stragglers.persistent)] = stragglers.seconds
+    return stall
+
+
+class _GroupMax:
+    """Segment max over contiguous groups of a flattened [configs × workers] array, one group
+    size per configuration (np.maximum.reduceat); index arrays cached per size pattern."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._cache: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+    def __call__(self, flat: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+        got = self._cache.get(sizes)
+        if got is None:
+            starts = np.concatenate([c * self.workers + np.arange(0, self.workers, g)
+                                     for c, g in enumerate(sizes)])
+            counts = np.concatenate([np.full(self.workers // g, g) for g in sizes])
+            got = self._cache[sizes] = (starts, counts)
+        starts, counts = got
+        return np.repeat(np.maximum.reduceat(flat, starts), counts)
+
+
+def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.ndarray,
+         avg_cost: np.ndarray, gossip_cost: float, allgather_cost: float,
+         steps: int) -> dict[str, np.ndarray]:
+    """Advance every configuration's worker clocks through ``steps`` steps.
+
+    ``work`` [steps, W]: compute + effective stall of each worker and step (shared by the
+    configurations: common random numbers, so differences are the schemes', not the draws').
+    ``grad_cost[c, g]`` / ``avg_cost[c, g]``: exposed seconds of a gradient all-reduce / model
+    average in groups of size g for configuration c. Returns per-configuration arrays
+    ``clock`` (final per-worker time), ``wait`` and ``comm`` (per-worker totals)."""
+    n_cfg, workers = len(plans), work.shape[1]
+    clock = np.zeros(n_cfg * workers)
+    wait = np.zeros_like(clock)
+    comm = np.zeros_like(clock)
+    gmax = _GroupMax(workers)
+    grad = np.stack([p["grad"] for p in plans], axis=1)  # [steps, C]
+    avg = np.stack([p["avg"] for p in plans], axis=1)
+    goss = np.stack([p["gossip"] for p in plans], axis=1)
+    gather = np.stack([p["allgather"] for p in plans], axis=1)
+    cfg_idx = np.arange(n_cfg)
+    gc = grad_cost[cfg_idx[None, :], grad]  # [steps, C] seconds per step and configuration
+    ac = avg_cost[cfg_idx[None, :], avg] + gather * allgather_cost
+    any_grad, any_avg, any_goss = (grad > 1).any(1), (avg > 1).any(1), (goss > 0).any(1)
+    rows = np.arange(n_cfg)[:, None] * workers
+    for i in range(steps):
+        clock += np.tile(work[i], n_cfg)
+        for active, sizes, cost in ((any_grad[i], grad[i], gc[i]), (any_avg[i], avg[i], ac[i])):
+            if not active:
+                continue
+            release = gmax(clock, tuple(int(g) for g in sizes))
+            wait += release - clock
+            c = np.repeat(cost, workers)
+            comm += c
+            clock = release + c
+        if any_goss[i]:  # receive from (rank - offset): wait for that peer, then the message
+            off = goss[i]
+            ranks = (np.arange(workers)[None, :] - off[:, None]) % workers
+            peer = clock[(rows + ranks).ravel()]
+            has = np.repeat(off > 0, workers)
+            release = np.where(has, np.maximum(clock, peer), clock)
+            wait += release - clock
+            c = has * gossip_cost
+            comm += c
+            clock = release + c
+    shape = (n_cfg, workers)
+    return {"clock": clock.reshape(shape), "wait": wait.reshape(shape),
+            "comm": comm.reshape(shape)}
+
+
+def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000,
+             cluster: Cluster | None = None, compute_ms: float = 55.0, jitter: float = 0.0,
+             stragglers: Stragglers | None = None, model_mb: float = 45.0,
+             grad_overlap: float = 1.0, backward_fraction: float = 2 / 3,
+             intra_host_grad_allreduce: bool = False, queued_fraction: float = 0.0,
+             baseline: bool | str = True, seed: int = 0, runner_stalls: bool = False,
+             stalls: np.ndarray | None = None) -> pd.DataFrame:
+    """Predicted wall-clock time of each scheme on one cluster: one tidy row per scheme.
+
+    Model (per worker clock, per step; no event queue):
+
+    1. compute: ``compute_ms`` per step, lognormal jitter with coefficient of variation
+       ``jitter`` (0: every step the same), drawn once and shared by every scheme;
+    2. stall: `Stragglers` semantics (``rate`` per worker and step, ``seconds`` long; ranks in
+       ``persistent`` stall every step), drawn once and shared; with ``runner_stalls`` exactly
+       the draws of ``python -m localsgd.ddp`` (`Stragglers.stall`; slow: pure-Python per draw);
+       ``stalls`` ([steps, workers] seconds) replaces the draws, e.g. by the ``stall_s`` a real
+       run recorded in its timing.csv.
+       ``queued_fraction`` q: the share of a step's device work already queued when the host
+       stalls, which runs during the stall, so a stall costs ``max(0, s − q·compute)``.
+       q = 0: the stall blocks (CPU compute, the runner's sleep); q ≈ 1/3: the blog's emulation
+       (sleep after the loss, before backward: the forward's kernels are queued on the GPU —
+       blog, "Experimental Setup" and its code snippet);
+    3. gradient all-reduce (sync SGD; intra-host groups after warm-up): the group is released
+       when its slowest member's backward ends, then the collective's cost minus what overlapped
+       the backward: ``max(0, C − grad_overlap · backward_fraction · compute)`` (DDP overlaps
+       the bucketed all-reduce with backward: blog "Algorithm Hyperparameters", point 2);
+    4. model averaging (local / hierarchical / SlowMo): released at the slowest member's
+       arrival, then the full collective cost — no overlap (blog, limitation 3);
+    5. SGP: wait for the in-peer of the exponential graph, then one message of the model.
+
+    A collective among g workers costs ``Cluster.allreduce_seconds`` (recursive-doubling
+    latency + ring bytes ``2(g−1)/g · bytes / bandwidth``, intra-node bandwidth when the group
+    fits in a node, inter-node otherwise). ``model_mb`` is in MB (10^6 bytes; the blog's
+    ResNet-18 is 45 MB).
+
+    ``intra_host_grad_allreduce``: local and hierarchical schemes also all-reduce gradients
+    inside each host every step (PyTorch's default ``post_local_gradient_allreduce=True``, blog
+    "Algorithm Hyperparameters"; the blog does not say whether it was on in its benchmark).
+
+    Columns: scheme, kind, workers, gpus_per_node, steps, seconds, steps_per_s, step_ms,
+    speedup (baseline seconds / this scheme's, same draws; the baseline is the first scheme of
+    kind "sync", else an added `Scheme.sync()` (not returned); ``baseline="name"`` picks a given
+    scheme by name, e.g. a runner's synchronous `Scheme.from_train_config`; False: NaN),
+    compute_share, stall_share, wait_share, comm_share (of the summed worker clocks; they add
+    to 1), syncs_grad, syncs_avg (steps with a gradient / model sync), bytes_mb (MB each worker
+    sends: ring all-reduce 2(g−1)/g of the model, a gossip message one model), and the inputs (compute_ms, jitter, straggler_rate, straggler_s, persistent,
+    model_mb, inter_gbps, intra_gbps, latency_s, grad_overlap, backward_fraction,
+    intra_host_grad_allreduce, queued_fraction, seed).
+    """
+    cluster = Cluster() if cluster is None else cluster
+    stragglers = Stragglers() if stragglers is None else stragglers
+    _check_int_arg("workers", workers, 1)
+    _check_int_arg("steps", steps, 1)
+    for name, value, lo, hi in (("compute_ms", compute_ms, 0.0, None),
+                                ("jitter", jitter, 0.0, None), ("model_mb", model_mb, 0.0, None),
+                                ("grad_overlap", grad_overlap, 0.0, 1.0),
+                                ("backward_fraction", backward_fraction, 0.0, 1.0),
+                                ("queued_fraction", queued_fraction, 0.0, 1.0)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value >= lo and (hi is None or value <= hi)):
+            rng_txt = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+            raise ValueError(f"{name}={value!r}: must be a number {rng_txt}")
+    gpn = cluster.gpus_per_node
+    if workers % gpn and workers > gpn:
+        raise ValueError(f"workers={workers} is not a whole number of nodes of "
+                         f"gpus_per_node={gpn}; use a multiple of {gpn}")
+    parsed = [Scheme.parse(s) for s in schemes]
+    if not parsed:
+        raise ValueError("no schemes to simulate; e.g. ['sync', 'local:4', 'hsgd:2-8,8-64']")
+    names = [s.name for s in parsed]
+    if len(set(names)) != len(names):
+        raise ValueError(f"scheme names must be unique, got {names}")
+    run = list(parsed)
+    has_sync = any(s.kind == "sync" for s in parsed)
+    if isinstance(baseline, str) and baseline not in names:
+        raise ValueError(f"baseline={baseline!r} is not one of the schemes {names}")
+    if baseline is True and not has_sync:
+        run.append(Scheme.sync(name="__baseline_sync__"))
+    plans = [s.plan(workers, gpn, steps, intra_host_grad_allreduce) for s in run]
+
+    rng = np.random.default_rng([seed, _STRAGGLER_SALT, workers])
+    compute = _lognormal_compute(rng, compute_ms / 1e3, jitter, (steps, workers))
+    if stalls is not None:
+        stall = np.asarray(stalls, dtype=float)
+        if stall.shape != (steps, workers) or not np.isfinite(stall).all() or (stall < 0).any():
+            raise ValueError(f"stalls: expected a [steps={steps}, workers={workers}] array of "
+                             f"seconds >= 0, got shape {stall.shape}")
+    else:
+        stall = _stall_draws(stragglers, workers, steps, rng, runner_stalls)
+    eff_stall = np.maximum(stall - queued_fraction * compute, 0.0) * (stall > 0)
+    work = compute + eff_stall
+
+    nbytes = model_mb * 1e6
+    sizes = np.arange(workers + 1)
+    ar = np.array([0.0] + [cluster.allreduce_seconds(int(g), nbytes, workers)
+                           for g in sizes[1:]])
+    hidden = grad_overlap * backward_fraction * compute_ms / 1e3
+    grad_cost = np.maximum(ar - hidden, 0.0)
+    grad_cost = np.tile(grad_cost, (len(run), 1))
+    avg_cost = np.tile(ar, (len(run), 1))
+    inter_bw = (cluster.intra_gbps if workers <= gpn else cluster.inter_gbps) * 1e9 / 8
+    gossip_cost = cluster.latency_s + nbytes / inter_bw
+    # sharded slow-momentum step: each node updates its shard, then an all-gather moves
+    # (g-1)/g of the model (half a ring all-reduce's bytes; SlowMo document, "Zero-1 like")
+    allgather_cost = (cluster.latency_s * math.ceil(math.log2(max(workers, 2)))
+                      + (workers - 1) / workers * nbytes / inter_bw)
+    res = _run(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps)
+
+    rows = []
+    for c, (scheme, plan) in enumerate(zip(run, plans, strict=True)):
+        clock = res["clock"][c]
+        seconds = float(clock.max())
+        total = float(clock.sum())
+        # MB a worker sends: a ring all-reduce among g sends 2(g-1)/g of the model, a
+        # gossip round one model, the slow-momentum all-gather (g-1)/g
+        moved = float(sum((2 * (g - 1) / g) * model_mb
+                          for key in ("grad", "avg") for g in plan[key] if g > 1)
+                      + model_mb * ((plan["gossip"] > 0).sum()
+                                    + (workers - 1) / workers * plan["allgather"].sum()))
+        rows.append({
+            "scheme": scheme.name, "kind": scheme.kind, "workers": workers,
+            "gpus_per_node": gpn, "steps": steps, "seconds": seconds,
+            "steps_per_s": steps / seconds if seconds > 0 else float("inf"),
+            "step_ms": 1e3 * seconds / steps,
+            "compute_share": float(compute.sum()) / total if total else float("nan"),
+            "stall_share": float(eff_stall.sum()) / total if total else float("nan"),
+            "wait_share": float(res["wait"][c].sum()) / total if total else float("nan"),
+            "comm_share": float(res["comm"][c].sum()) / total if total else float("nan"),
+            "syncs_grad": int((plan["grad"] > 1).sum()), "syncs_avg": int((plan["avg"] > 1).sum()),
+            "bytes_mb": moved,
+        })
+    df = pd.DataFrame(rows)
+    if isinstance(baseline, str):
+        base = float(df.loc[df.scheme == baseline, "seconds"].iloc[0])
+        df["speedup"] = base / df["seconds"]
+    elif baseline:
+        base = float(df.loc[df.kind == "sync", "seconds"].iloc[0])
+        df["speedup"] = base / df["seconds"]
+    else:
+        df["speedup"] = float("nan")
+    df = df[df.scheme != "__baseline_sync__"].reset_index(drop=True)
+    inputs = {"compute_ms": compute_ms, "jitter": jitter,
+              "straggler_rate": stragglers.rate, "straggler_s": stragglers.seconds,
+              "persistent": ",".join(map(str, stragglers.persistent)), "model_mb": model_mb,
+              "inter_gbps": cluster.inter_gbps, "intra_gbps": cluster.intra_gbps,
+              "latency_s": cluster.latency_s, "grad_overlap": grad_overlap,
+              "backward_fraction": backward_fraction,
+              "intra_host_grad_allreduce": intra_host_grad_allreduce,
+              "queued_fraction": queued_fraction, "seed": seed}
+    for k, v in inputs.items():
+        df[k] = v
+    cols = ["scheme", "kind", "workers", "gpus_per_node", "steps", "seconds", "steps_per_s",
+            "step_ms", "speedup", "compute_share", "stall_share", "wait_share", "comm_share",
+            "syncs_grad", "syncs_avg", "bytes_mb", *inputs]
+    return df[cols]
+
+
+def _check_int_arg(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")

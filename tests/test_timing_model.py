@@ -1,0 +1,105 @@
+"""The wall-clock model of `localsgd.timing.simulate` (issue 11, item 1)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from localsgd import timing
+from localsgd.timing import Cluster, Scheme, Stragglers, simulate
+
+BLOG_256 = ["sync", "local:2", "local:4", "local:8", "hsgd:1-4,2-16,4-64,8-256",
+            "hsgd:2-8,4-64,8-256", "hsgd:4-16,8-256"]
+
+
+def _free() -> Cluster:
+    return Cluster(gpus_per_node=2, intra_gbps=1e12, inter_gbps=1e12, latency_s=0.0)
+
+
+def test_release_is_the_slowest_member_by_hand():
+    # 4 workers on 2 nodes, 10 ms steps; rank 0 stalls 100 ms at step 1, rank 3 at step 2
+    stalls = np.zeros((2, 4))
+    stalls[0, 0] = stalls[1, 3] = 0.1
+    # 1 MB at 8 Gbit/s: 1 ms for a pair inside a node (ring 2(g-1)/g = 1), 1.5 ms for all four
+    cl = Cluster(gpus_per_node=2, intra_gbps=8.0, inter_gbps=8.0, latency_s=0.0)
+    df = simulate(["sync", "local:2", "hsgd:1-2,2-4"], workers=4, steps=2, cluster=cl,
+                  compute_ms=10.0, model_mb=1.0, stalls=stalls, backward_fraction=0.5,
+                  grad_overlap=0.0).set_index("scheme")
+    # sync: (10 + 100 + 1.5) then (10 + 100 + 1.5): both stalls hit everybody
+    assert df.loc["sync", "seconds"] == pytest.approx(0.223)
+    # local:2: ranks 0 and 3 both reach 120 ms, the others wait for them; then 1.5 ms
+    assert df.loc["local:2", "seconds"] == pytest.approx(0.1215)
+    # hierarchical: pair {0,1} released at 110 (+1), pair {2,3} at 10 (+1); world at 121 (+1.5)
+    assert df.loc["hsgd:1-2,2-4", "seconds"] == pytest.approx(0.1225)
+    # local:2's waiting: ranks 1 and 2 wait 100 ms each out of 4 × 121.5 ms of worker time
+    assert df.loc["local:2", "wait_share"] == pytest.approx(0.2 / (4 * 0.1215))
+    row = df.loc["local:2"]
+    assert row.compute_share + row.stall_share + row.wait_share + row.comm_share \
+        == pytest.approx(1.0)
+    # overlap: half of the 10 ms step is backward and hides the sync all-reduce's 1.5 ms
+    hidden = simulate(["sync"], workers=4, steps=2, cluster=cl, compute_ms=10.0, model_mb=1.0,
+                      stalls=stalls, backward_fraction=0.5, grad_overlap=1.0)
+    assert hidden.seconds.iloc[0] == pytest.approx(0.220)
+
+
+def test_free_communication_without_stragglers_every_scheme_ties():
+    schemes = ["sync", "local:2", "local:8", "hsgd:2-4,8-16", "slowmo", "slowmo:sgp,8", "sgp",
+               "local:4+hostgrad"]
+    df = simulate(schemes, workers=16, steps=64, cluster=_free(), compute_ms=50.0,
+                  model_mb=45.0)
+    assert np.allclose(df.seconds, 64 * 0.05, rtol=1e-9)
+    assert np.allclose(df.speedup, 1.0)
+
+
+def test_persistent_straggler_hierarchy_mitigates_nothing():
+    # blog limitation 1: one rank stalls at every step; every scheme waits for it every period
+    cl = Cluster(gpus_per_node=4, inter_gbps=32.0)
+    df = simulate(BLOG_256, workers=256, steps=200, cluster=cl,
+                  stragglers=Stragglers(1.0, 0.0, persistent=(5,))).set_index("scheme")
+    hier = df[df.kind == "hier"]
+    assert (hier.speedup < 1.02).all(), hier.speedup
+    assert (df.speedup < 1.02).all()
+
+
+def test_random_stragglers_are_absorbed_inside_periods():
+    cl = Cluster(gpus_per_node=4, inter_gbps=32.0)
+    df = simulate(BLOG_256, workers=256, steps=400, cluster=cl,
+                  stragglers=Stragglers(1.0, 0.01)).set_index("scheme")
+    assert df.loc["local:8", "speedup"] > df.loc["local:4", "speedup"] \
+        > df.loc["local:2", "speedup"] > 1.2
+    # blog observation 3: local SGD every 2 and every 8 steps bracket the HSGD schemes
+    hier = df[df.kind == "hier"].speedup
+    assert (hier > df.loc["local:2", "speedup"]).all()
+    assert (hier < df.loc["local:8", "speedup"]).all()
+
+
+def test_blog_256_workers_1000_steps_is_fast():
+    cl = Cluster(gpus_per_node=4, inter_gbps=32.0)
+    simulate(BLOG_256, workers=256, steps=50, cluster=cl, stragglers=Stragglers(1.0, 0.01))
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        simulate(BLOG_256, workers=256, steps=1000, cluster=cl, stragglers=Stragglers(1.0, 0.01))
+        times.append(time.perf_counter() - t0)
+    # the issue's budget is 2 s on an idle machine; this box is shared by five agents
+    assert min(times) < 2.0, times
+
+
+def test_runner_stalls_are_the_runners_draws():
+    st = Stragglers(0.5, 0.2, seed=3)
+    a = timing._stall_draws(st, 4, 6, np.random.default_rng(0), runner_stalls=True)
+    assert a[2, 1] == st.stall(1, 3) and a.sum() == sum(st.stall(r, t) for r in range(4)
+                                                         for t in range(1, 7))
+
+
+def test_bad_inputs_raise_clearly():
+    with pytest.raises(ValueError, match="not understood"):
+        Scheme.parse("local:eight")
+    with pytest.raises(ValueError, match="whole world"):
+        simulate(["hsgd:2-8,4-32"], workers=64)
+    with pytest.raises(ValueError, match="persistent straggler ranks"):
+        simulate(["sync"], workers=4, stragglers=Stragglers(1.0, persistent=(9,)))
+    with pytest.raises(ValueError, match="grad_overlap"):
+        simulate(["sync"], workers=4, grad_overlap=2.0)
+    with pytest.raises(ValueError, match="stalls"):
+        simulate(["sync"], workers=4, steps=3, stalls=np.zeros((2, 4)))
