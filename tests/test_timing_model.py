@@ -103,3 +103,43 @@ def test_bad_inputs_raise_clearly():
         simulate(["sync"], workers=4, grad_overlap=2.0)
     with pytest.raises(ValueError, match="stalls"):
         simulate(["sync"], workers=4, steps=3, stalls=np.zeros((2, 4)))
+
+
+def test_plan_free_communication_sync_is_not_beaten(capsys):
+    from localsgd.cli import main
+
+    assert main(["plan", "--workers", "32", "--gpus-per-node", "4", "--inter-gbps", "1e12",
+                 "--intra-gbps", "1e12", "--latency-us", "0", "--steps", "64", "--json"]) == 0
+    import json
+
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["scheme"] == "sync" and rows[0]["rank"] == 1
+    assert max(r["speedup"] for r in rows) == pytest.approx(1.0)
+    assert {r["kind"] for r in rows} == {"sync", "local", "hier"}
+
+
+def test_plan_ranks_by_predicted_step_time(capsys):
+    from localsgd.cli import main
+
+    # the example: random stalls → the longest global period is fastest, sync last
+    assert main(["plan", "--workers", "64", "--gpus-per-node", "4", "--straggler-rate", "0.02",
+                 "--straggler-s", "1", "--steps", "200", "--top", "0"]) == 0
+    out = capsys.readouterr().out
+    table = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
+    assert table[0][1] == "local:8" and table[-1][1] == "sync"
+    ms = [float(row[2]) for row in table]
+    assert ms == sorted(ms)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "0"], "--workers 0: expected an integer >= 1"),
+    (["--workers", "10", "--gpus-per-node", "4"], "not a multiple of --gpus-per-node 4"),
+    (["--workers", "8", "--straggler-rate", "1.5"], "--straggler-rate 1.5"),
+    (["--workers", "8", "--straggler-rate", "0.1"], "add --straggler-s"),
+    (["--workers", "8", "--schemes", "local:two"], "scheme 'local:two' not understood"),
+])
+def test_plan_bad_values_are_clear_errors(capsys, argv, message):
+    from localsgd.cli import main
+
+    assert main(["plan", *argv]) == 2
+    assert message in capsys.readouterr().err

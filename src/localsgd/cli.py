@@ -1,4 +1,5 @@
-"""Command line: ``localsgd reproduce | report | bench | train`` (also ``python -m localsgd``)."""
+"""Command line: ``localsgd reproduce | report | bench | train | plan`` (also
+``python -m localsgd``)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,87 @@ def _parser() -> argparse.ArgumentParser:
                    help="replicas: K models in this process; ddp: starts torchrun --standalone "
                    "with one process per worker (several machines: run torchrun yourself)")
     add_run_arguments(t)
+
+    pl = sub.add_parser("plan", help="rank sync / local / hierarchical SGD schedules for a "
+                        "cluster by predicted time per step (the timing model)",
+                        description="Rank schedules by the wall-clock model of "
+                        "localsgd.timing.simulate: speed only, not convergence (longer periods "
+                        "are faster per step but may need more steps).")
+    pl.add_argument("--workers", type=int, required=True, help="processes (GPUs), e.g. 256")
+    pl.add_argument("--gpus-per-node", type=int, default=1)
+    pl.add_argument("--model-mb", type=float, default=45.0,
+                    help="bytes averaged per sync, MB (ResNet-18: 45)")
+    pl.add_argument("--step-ms", type=float, default=55.0, help="compute per step, ms")
+    pl.add_argument("--jitter", type=float, default=0.0,
+                    help="coefficient of variation of the per-step compute (0: none)")
+    pl.add_argument("--straggler-rate", type=float, default=0.0,
+                    help="probability that a worker stalls at a step (0..1)")
+    pl.add_argument("--straggler-s", type=float, default=0.0, help="stall length, seconds")
+    pl.add_argument("--persistent", type=lambda s: tuple(int(v) for v in s.split(",") if v),
+                    default=(), metavar="RANKS", help="comma-separated ranks that stall every step")
+    pl.add_argument("--inter-gbps", type=float, default=32.0, help="network between nodes")
+    pl.add_argument("--intra-gbps", type=float, default=100.0, help="inside a node")
+    pl.add_argument("--latency-us", type=float, default=50.0, help="per collective hop")
+    pl.add_argument("--steps", type=int, default=1000, help="simulated steps")
+    pl.add_argument("--max-period", type=int, default=8,
+                    help="longest global averaging period among the candidates (default 8)")
+    pl.add_argument("--schemes", nargs="+", metavar="S",
+                    help="rank these instead of the generated candidates (e.g. sync local:4 "
+                    "hsgd:2-8,8-256)")
+    pl.add_argument("--host-grad", action="store_true",
+                    help="local/hierarchical schemes also all-reduce gradients inside each node "
+                    "every step (PyTorch's post_local_gradient_allreduce default)")
+    pl.add_argument("--no-overlap", action="store_true",
+                    help="gradient all-reduce does not overlap backward")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--top", type=int, default=15, help="rows to print (0: all)")
+    pl.add_argument("--json", action="store_true", help="print the ranking as JSON records")
     return p
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from localsgd.timing import format_plan, plan_schedules
+
+    checks = [("--workers", args.workers, args.workers >= 1, "an integer >= 1"),
+              ("--gpus-per-node", args.gpus_per_node, args.gpus_per_node >= 1, "an integer >= 1"),
+              ("--model-mb", args.model_mb, args.model_mb >= 0, "MB >= 0"),
+              ("--step-ms", args.step_ms, args.step_ms > 0, "milliseconds > 0"),
+              ("--straggler-rate", args.straggler_rate, 0 <= args.straggler_rate <= 1,
+               "a probability in [0, 1] (0.01 = 1 %)"),
+              ("--straggler-s", args.straggler_s, args.straggler_s >= 0, "seconds >= 0"),
+              ("--inter-gbps", args.inter_gbps, args.inter_gbps > 0, "Gbit/s > 0"),
+              ("--intra-gbps", args.intra_gbps, args.intra_gbps > 0, "Gbit/s > 0"),
+              ("--latency-us", args.latency_us, args.latency_us >= 0, "microseconds >= 0"),
+              ("--steps", args.steps, args.steps >= 1, "an integer >= 1"),
+              ("--max-period", args.max_period, args.max_period >= 2, "an integer >= 2"),
+              ("--top", args.top, args.top >= 0, "an integer >= 0")]
+    bad = [f"{flag} {value}: expected {what}" for flag, value, ok, what in checks if not ok]
+    if bad:
+        raise ValueError("; ".join(bad))
+    if (args.straggler_rate > 0 or args.persistent) and args.straggler_s == 0:
+        raise ValueError("stragglers need a stall length: add --straggler-s SECONDS (e.g. 1)")
+    df = plan_schedules(workers=args.workers, gpus_per_node=args.gpus_per_node,
+                        model_mb=args.model_mb, step_ms=args.step_ms,
+                        straggler_rate=args.straggler_rate, straggler_s=args.straggler_s,
+                        persistent=args.persistent, inter_gbps=args.inter_gbps,
+                        intra_gbps=args.intra_gbps, latency_s=args.latency_us * 1e-6,
+                        steps=args.steps, max_period=args.max_period, schemes=args.schemes,
+                        jitter=args.jitter, seed=args.seed,
+                        intra_host_grad_allreduce=args.host_grad,
+                        grad_overlap=0.0 if args.no_overlap else 1.0)
+    if args.json:
+        print(json.dumps(df.to_dict(orient="records"), indent=1))
+        return 0
+    print(f"{args.workers} workers ({args.gpus_per_node} per node), {args.model_mb:g} MB model, "
+          f"{args.step_ms:g} ms/step, stalls {args.straggler_s:g} s at "
+          f"{100 * args.straggler_rate:g} %, {args.inter_gbps:g} Gbit/s between nodes; "
+          f"{args.steps} simulated steps (localsgd.timing.simulate)")
+    print(format_plan(df, args.top or None))
+    print("Speed only: a longer period is faster per step but may need more steps to reach "
+          "the same accuracy (the blog did not measure model parity).")
+    return 0
 
 
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
@@ -143,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_report(args.papers, args.figures))
             return 0
+        if args.command == "plan":
+            return _plan(args)
         if args.command == "bench":
             module = importlib.import_module(BENCHES[args.name])
             return int(module.main(args.args) or 0)
