@@ -28,6 +28,15 @@ __all__ = [
     "table01_configs",
     "time_to_accuracy",
     "with_time",
+    "Table02Fit",
+    "barrier_time_per_update",
+    "breakeven_benchmark",
+    "fit_step_costs",
+    "slowmo_configs",
+    "slowmo_summary",
+    "table02_fit",
+    "table02_reported",
+    "update_and_sync_counts",
 ]
 
 
@@ -219,3 +228,392 @@ def table01_configs(base: TrainConfig, b_globs: Sequence[int], seeds: Sequence[i
                     labels.append({"method": method, "tricks": "w/ tricks" if tricks
                                    else "w/o tricks", "B_glob": b_glob})
     return configs, labels
+
+
+# ----------------------------------------------------------------------------------------------
+# Table 2 (§4.3): training time over H on the 8×2-GPU cluster, and a fitted cost model
+# ----------------------------------------------------------------------------------------------
+
+# Table 2's setting (§4.3 and its caption): ResNet-20, all of CIFAR-10, K = 16 (8 nodes × 2 GPUs),
+# B_loc = 128, H^b = 1, "the equivalent of 300 epochs"
+TABLE02_SETTING = {"epochs": 300, "n_train": 50_000, "workers": 16, "gpus_per_node": 2,
+                   "batch": 128, "inter_gbps": 10.0}
+
+
+def table02_reported(papers_dir: str | None = None) -> pd.DataFrame:
+    """Table 2 as transcribed in ``papers/lin2020_local_sgd/reported.csv``: columns H, minutes."""
+    from pathlib import Path
+
+    from localsgd.results import repo_root
+
+    papers = Path(papers_dir) if papers_dir is not None else repo_root() / "papers"
+    raw = pd.read_csv(papers / "lin2020_local_sgd" / "reported.csv", dtype={"setting": str})
+    raw = raw[raw.artifact == "Table 2"]
+    if raw.empty:
+        raise ValueError(f"no 'Table 2' rows in {papers}/lin2020_local_sgd/reported.csv")
+    hs = raw.setting.str.extract(r"H=(\d+)")[0].astype(int)
+    return (pd.DataFrame({"H": hs.to_numpy(), "minutes": raw.value.astype(float).to_numpy()})
+            .sort_values("H", ignore_index=True))
+
+
+def update_and_sync_counts(hs: Sequence[int], *, epochs: float = 300, n_train: int = 50_000,
+                           workers: int = 16, batch: int = 128) -> pd.DataFrame:
+    """Updates U per worker and global averaging rounds per H for flat local SGD.
+
+    U = ⌊epochs·N/(K·B)⌋ as `localsgd.train` counts it; rounds = ⌈epochs·N/(K·B·H)⌉, eq. (6)'s
+    count (`timing.sync_rounds`) with H^b = 1 (Table 2: 7,324 updates, 7,325 … 8 rounds).
+    """
+    from localsgd.timing import sync_rounds
+
+    updates = math.floor(epochs * n_train / (workers * batch))
+    rows = [{"H": int(h), "updates": updates,
+             "syncs": sync_rounds(round(epochs * n_train), workers, batch, int(h), 1)[1]}
+            for h in hs]
+    return pd.DataFrame(rows)
+
+
+def fit_step_costs(updates: Sequence[float], syncs: Sequence[float], seconds: Sequence[float],
+                   extra: dict[str, Sequence[float]] | None = None) -> dict[str, float]:
+    """Non-negative least squares for ``T = U·c + R·s (+ Σ X_j·d_j)`` (seconds).
+
+    ``c`` is the compute time of one update, ``s`` the cost of one averaging round, and each
+    ``extra`` column X_j (e.g. U·log2 H) gets its own coefficient d_j. Returns the coefficients by
+    name (``compute_s``, ``sync_s``, the extra names). Non-negative: a cost cannot be negative.
+    """
+    from scipy.optimize import nnls
+
+    cols = {"compute_s": np.asarray(updates, float), "sync_s": np.asarray(syncs, float)}
+    for name, col in (extra or {}).items():
+        cols[name] = np.asarray(col, float)
+    a = np.column_stack(list(cols.values()))
+    y = np.asarray(seconds, float)
+    if a.shape[0] < a.shape[1]:
+        raise ValueError(f"{a.shape[0]} rows cannot determine {a.shape[1]} costs "
+                         f"({', '.join(cols)}); fit on more rows")
+    coef, _ = nnls(a, y)
+    return dict(zip(cols, map(float, coef), strict=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Table02Fit:
+    """Per-update compute ``compute_s`` and per-round cost ``sync_s`` fitted to Table 2.
+
+    ``table`` has one row per H: updates, syncs, the paper's minutes, the model's minutes, the
+    residual (model − paper, minutes and %) and whether the row was fitted (``used``).
+    """
+
+    compute_s: float
+    sync_s: float
+    fit_hs: tuple[int, ...]
+    table: pd.DataFrame
+    param_bytes: int
+
+    @property
+    def rms_residual_min(self) -> float:
+        """Root-mean-square residual (minutes) over the fitted rows."""
+        used = self.table[self.table.used]
+        return float(np.sqrt((used.residual_min ** 2).mean()))
+
+    def time_kwargs(self) -> dict[str, float]:
+        """`with_time` arguments that price a run with the fitted costs (every sync at sync_s)."""
+        return {"compute_seconds_per_step": self.compute_s, "sync_seconds": self.sync_s}
+
+    def cluster(self, *, gpus_per_node: int = 2, inter_gbps: float = 10.0,
+                intra_gbps: float = 100.0, world_size: int = 16) -> Cluster:
+        """A `timing.Cluster` whose world all-reduce of ResNet-20's bytes costs ``sync_s``.
+
+        The 10 Gbit/s bandwidth term (2(K−1)/K·bytes/bandwidth, ~1.6 ms for 1.08 MB) leaves most
+        of ``sync_s`` as per-step latency: ``latency_s = (sync_s − bandwidth term)/⌈log2 K⌉``.
+        Smaller groups then cost fewer latency steps (log2 g, App. B's counting).
+        """
+        probe = Cluster(gpus_per_node=gpus_per_node, intra_gbps=intra_gbps,
+                        inter_gbps=inter_gbps, latency_s=0.0)
+        bandwidth = probe.allreduce_seconds(world_size, self.param_bytes, world_size)
+        if bandwidth >= self.sync_s:
+            raise ValueError(f"the bandwidth term alone ({bandwidth * 1e3:.2f} ms) exceeds the "
+                             f"fitted sync cost ({self.sync_s * 1e3:.2f} ms); lower inter_gbps")
+        latency = (self.sync_s - bandwidth) / math.ceil(math.log2(world_size))
+        return dataclasses.replace(probe, latency_s=latency)
+
+
+def resnet20_param_bytes(num_classes: int = 10) -> int:
+    """float32 bytes of the paper's ResNet-20 (269,722 parameters on CIFAR-10)."""
+    from localsgd.models import build_model, count_params
+
+    return 4 * count_params(build_model("resnet20", num_classes=num_classes))
+
+
+def table02_fit(fit_max_h: int = 32, *, papers_dir: str | None = None) -> Table02Fit:
+    """Fit ``T(H) = U·c + R(H)·s`` to Table 2's rows with H ≤ ``fit_max_h`` (least squares).
+
+    Lin et al. (2020) §4.3, Table 2: local SGD on 8×2 GPUs, ResNet-20, B_loc = 128, 300 epochs
+    (U = 7,324 updates per worker, R(H) = ⌈U/H⌉-ish rounds by eq. (6)'s count). The model is
+    non-increasing in H, so by default it is fitted where the times fall (H ≤ 32) and the
+    rows beyond are predictions whose residuals show what it cannot explain.
+    """
+    rep = table02_reported(papers_dir)
+    st = TABLE02_SETTING
+    tab = update_and_sync_counts(rep.H, epochs=st["epochs"], n_train=st["n_train"],
+                                 workers=st["workers"], batch=st["batch"]).merge(rep, on="H")
+    tab["used"] = tab.H <= fit_max_h
+    if tab.used.sum() < 2:
+        raise ValueError(f"fit_max_h={fit_max_h}: fewer than 2 rows of Table 2 have H <= it")
+    used = tab[tab.used]
+    coef = fit_step_costs(used.updates, used.syncs, used.minutes * 60)
+    tab["model_minutes"] = (tab.updates * coef["compute_s"] + tab.syncs * coef["sync_s"]) / 60
+    tab["residual_min"] = tab.model_minutes - tab.minutes
+    tab["residual_pct"] = 100 * tab.residual_min / tab.minutes
+    return Table02Fit(coef["compute_s"], coef["sync_s"], tuple(int(h) for h in used.H), tab,
+                      resnet20_param_bytes())
+
+
+def barrier_time_per_update(hs: Sequence[int], *, workers: int, updates: int, compute_s: float,
+                            sync_s: float, jitter_cv: float = 0.0, stall_rate: float = 0.0,
+                            stall_s: float = 0.0, slow_factor: float = 1.0,
+                            slow_rate: float = 0.0, slow_len: float = 1.0,
+                            seed: int = 0) -> pd.DataFrame:
+    """Seconds per update of local SGD with a barrier at every average, under stragglers.
+
+    Monte Carlo (numpy, workers × updates step times shared by every H): each worker's update
+    takes ``compute_s`` × lognormal jitter (coefficient of variation ``jitter_cv``), plus a
+    ``stall_s`` stall with probability ``stall_rate`` (the blog's stragglers), and runs
+    ``slow_factor`` × slower while in a slow phase (entered with probability ``slow_rate`` per
+    update, mean length ``slow_len`` updates: time-correlated stragglers). A round of H updates
+    ends when the slowest worker finishes its H updates, then costs ``sync_s``.
+
+    Why it cannot produce Table 2's rise: a round of 2H is no longer than two rounds of H
+    (max_k (a_k + b_k) ≤ max_k a_k + max_k b_k) and saves a sync, so with step times that do not
+    depend on H the time per update never grows from H to 2H.
+    """
+    rng = np.random.default_rng(seed)
+    x = np.full((workers, updates), float(compute_s))
+    if jitter_cv > 0:
+        sigma = math.sqrt(math.log1p(jitter_cv ** 2))
+        x *= rng.lognormal(-sigma ** 2 / 2, sigma, size=x.shape)  # mean 1
+    if stall_rate > 0 and stall_s > 0:
+        x += stall_s * (rng.random(x.shape) < stall_rate)
+    if slow_rate > 0 and slow_factor != 1.0:
+        # two-state Markov chain per worker: enter a slow phase w.p. slow_rate, leave w.p. 1/len
+        slow = np.zeros(x.shape, bool)
+        enter = rng.random(x.shape) < slow_rate
+        leave = rng.random(x.shape) < 1.0 / max(slow_len, 1.0)
+        state = np.zeros(workers, bool)
+        for t in range(updates):  # O(U) numpy steps over workers
+            state = np.where(state, ~leave[:, t], enter[:, t])
+            slow[:, t] = state
+        x = np.where(slow, x * slow_factor, x)
+    cum = np.concatenate([np.zeros((workers, 1)), x.cumsum(axis=1)], axis=1)
+    rows = []
+    for h in hs:
+        ends = np.r_[np.arange(h, updates, h), updates]
+        starts = np.r_[0, ends[:-1]]
+        round_compute = (cum[:, ends] - cum[:, starts]).max(axis=0)  # slowest worker per round
+        total = round_compute.sum() + len(ends) * sync_s
+        rows.append({"H": int(h), "seconds_per_update": total / updates,
+                     "wait_per_update": (round_compute.sum() - cum[:, -1].mean()) / updates})
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# SlowMo (fairscale's SlowMoDistributedDataParallel page, shared/seeds/001): quality grid and the
+# page's break-even rule
+# ----------------------------------------------------------------------------------------------
+
+
+def slowmo_configs(base: TrainConfig, *, localsgd_frequency: int, slowmo_frequency: int,
+                   momenta: Sequence[float], slow_lrs: Sequence[float],
+                   sgp_momenta: Sequence[float], seeds: Sequence[int],
+                   slow_lr_momentum: float = 0.0) -> tuple[list[TrainConfig], list[dict]]:
+    """The SlowMo grid: local SGD alone, SlowMo over local SGD (each slow momentum β in
+    ``momenta`` at slow lr α = 1, each α in ``slow_lrs`` at β = ``slow_lr_momentum``), and SGP
+    with an exact average every ``slowmo_frequency`` updates, alone (β = 0) and with SlowMo.
+
+    β = 0, α = 1 *is* the base algorithm (the outer step returns the average; tests/test_train.py
+    checks it), so that point is the base run without SlowMo and is trained once. fairscale's
+    docstring asks for ``slowmo_frequency`` to be a multiple of ``localsgd_frequency`` (defaults
+    48 and 3), so the slow step's exact average falls on a local-SGD average.
+    """
+    if slowmo_frequency % localsgd_frequency:
+        raise ValueError(f"slowmo_frequency={slowmo_frequency} must be a multiple of "
+                         f"localsgd_frequency={localsgd_frequency} (fairscale's coupling: the "
+                         "slow step's exact average replaces a local-SGD average)")
+    points: list[tuple[str, float, float]] = [("local SGD", 0.0, 1.0)]
+    points += [("local SGD", float(b), 1.0) for b in momenta]
+    points += [("local SGD", float(slow_lr_momentum), float(a)) for a in slow_lrs]
+    points += [("SGP", float(b), 1.0) for b in sgp_momenta]
+    points = list(dict.fromkeys(points))  # drop repeats (e.g. beta 0 in momenta), keep order
+    configs, labels = [], []
+    for base_alg, beta, alpha in points:
+        plain = beta == 0.0 and alpha == 1.0
+        if base_alg == "local SGD":
+            shape = {"local_steps": localsgd_frequency, "gossip": False}
+        else:  # SGP: gossip after every update the exact average does not cover
+            shape = {"local_steps": slowmo_frequency, "gossip": True}
+        slow = ({"slowmo_frequency": None} if plain else
+                {"slowmo_frequency": slowmo_frequency, "slowmo_momentum": beta,
+                 "slowmo_lr": alpha})
+        for seed in seeds:
+            configs.append(dataclasses.replace(base, seed=seed, **shape, **slow))
+            labels.append({"base": base_alg, "slowmo": not plain, "slowmo_momentum": beta,
+                           "slowmo_lr": alpha,
+                           "variant": (f"{base_alg} alone" if plain else
+                                       f"{base_alg} + SlowMo β={beta:g}, α={alpha:g}")})
+    return configs, labels
+
+
+def slowmo_summary(records: pd.DataFrame) -> pd.DataFrame:
+    """Final test accuracy and training loss per grid point (mean, std, seeds), and the paired
+    (same seed) difference to local SGD alone."""
+    keys = ["base", "slowmo", "slowmo_momentum", "slowmo_lr", "variant"]
+    last = records.sort_values("step").groupby("run").tail(1)
+    ref = last[(last.base == "local SGD") & ~last.slowmo].set_index("seed")
+    last = last.assign(d_acc=last.test_acc - last.seed.map(ref.test_acc),
+                       d_loss=last.train_loss - last.seed.map(ref.train_loss))
+    out = last.groupby(keys, sort=False).agg(
+        test_acc=("test_acc", "mean"), test_acc_sd=("test_acc", "std"),
+        train_loss=("train_loss", "mean"), train_loss_sd=("train_loss", "std"),
+        d_acc=("d_acc", "mean"), d_acc_sd=("d_acc", "std"), d_loss=("d_loss", "mean"),
+        seeds=("seed", "nunique"), outer_steps=("outer_steps", "max"),
+        syncs=("sync_l0", "max"), gossip_rounds=("gossip_rounds", "max")).reset_index()
+    return out
+
+
+def _mlp(width: int):
+    from torch import nn
+
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, width), nn.ReLU(),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+
+
+def _bench_model(spec: dict):
+    from localsgd.models import build_model
+
+    if spec["model"] == "mlp":
+        return _mlp(int(spec["width"]))
+    return build_model(spec["model"], width=float(spec.get("width", 1.0)))
+
+
+def _breakeven_worker(rank: int, world: int, port: int, specs: list[dict], frequency: int,
+                      repeats: int, out_path: str) -> None:
+    """One gloo process of `breakeven_benchmark`: times every phase with barriers around it."""
+    import json
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    rows = []
+    for spec in specs:
+        torch.manual_seed(0)
+        model = _bench_model(spec)
+        local = _bench_model(spec)
+        local.load_state_dict(model.state_dict())
+        ddp = DDP(model)
+        opt_ddp = torch.optim.SGD(ddp.parameters(), lr=0.01)
+        opt_loc = torch.optim.SGD(local.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(int(spec["batch"]), 3, 32, 32, generator=g)
+        y = torch.randint(0, 10, (int(spec["batch"]),), generator=g)
+        loss_fn = nn.CrossEntropyLoss()
+        params = [p for p in local.parameters()]
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        t = {k: [] for k in ("fwd", "bwd", "allreduce", "ddp_step", "local_step")}
+        for rep in range(repeats + 1):  # the first repeat warms up (allocations, DDP buckets)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = loss_fn(local(x), y)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt_loc.zero_grad(set_to_none=True)
+            dist.barrier()
+            t3 = time.perf_counter()
+            dist.all_reduce(flat)  # the model's bytes, one flat buffer
+            t4 = time.perf_counter()
+            dist.barrier()
+            t5 = time.perf_counter()  # synchronous SGD: DDP overlaps bucketed all-reduce + bwd
+            loss_fn(ddp(x), y).backward()
+            opt_ddp.step()
+            opt_ddp.zero_grad(set_to_none=True)
+            t6 = time.perf_counter()
+            dist.barrier()
+            t7 = time.perf_counter()  # local SGD: f local updates, then average the parameters
+            for _ in range(frequency):
+                loss_fn(local(x), y).backward()
+                opt_loc.step()
+                opt_loc.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                vec = torch.cat([p.reshape(-1) for p in params])
+                dist.all_reduce(vec)
+                vec /= world
+                torch.nn.utils.vector_to_parameters(vec, params)
+            t8 = time.perf_counter()
+            if rep:
+                for k, v in (("fwd", t1 - t0), ("bwd", t2 - t1), ("allreduce", t4 - t3),
+                             ("ddp_step", t6 - t5), ("local_step", (t8 - t7) / frequency)):
+                    t[k].append(v)
+        med = {f"{k}_s": statistics.median(v) for k, v in t.items()}
+        # the slowest rank decides a synchronous step: take the max of the medians over ranks
+        vals = torch.tensor([med[k] for k in sorted(med)], dtype=torch.float64)
+        dist.all_reduce(vals, op=dist.ReduceOp.MAX)
+        med = dict(zip(sorted(med), vals.tolist(), strict=True))
+        rows.append({**spec, "param_bytes": int(flat.numel() * flat.element_size()), **med})
+    if rank == 0:
+        with open(out_path, "w") as fh:
+            json.dump(rows, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency: int = 3,
+                        repeats: int = 8) -> pd.DataFrame:
+    """Check the SlowMo page's break-even rule against steps measured here (gloo, CPU).
+
+    The page (shared/seeds/001, "Best practices"): SlowMo over local SGD pays when
+    ``t_allreduce · (1 − 1/localsgd_frequency) > t_backward``, from DDP's step being bound by
+    max(t_backward, t_allreduce) (overlapped) and local SGD's by t_backward + t_allreduce/f
+    (not overlapped). ``specs`` are dicts ``{"model": "resnet20"|"mlp", "width", "batch"}``
+    (the MLP moves many bytes for little compute). ``world_size`` processes each time, with
+    barriers around every phase and medians over ``repeats``: a backward pass, an all-reduce of
+    the model's bytes, a DDP step (gradient all-reduce overlapped with backward) and a local SGD
+    step (f updates + one parameter all-reduce, per update). Returns one row per spec with the
+    rule's prediction and the measured answer (``local_pays``: local step < DDP step).
+    """
+    import json
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if world_size < 2:
+        raise ValueError(f"world_size={world_size}: the rule needs >= 2 processes to all-reduce")
+    for spec in specs:
+        if spec.get("model") not in ("mlp", "resnet20") or int(spec.get("batch", 0)) < 1:
+            raise ValueError(f"spec {spec}: need model 'mlp' or 'resnet20', width and batch >= 1")
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/rows.json"
+        mp.start_processes(_breakeven_worker, args=(world_size, port, list(specs), frequency,
+                                                    repeats, out),
+                           nprocs=world_size, join=True,
+                           # fork skips re-importing torch in every child (seconds on a loaded
+                           # machine); spawn where fork does not exist
+                           start_method="fork" if "fork" in mp.get_all_start_methods()
+                           else "spawn")
+        with open(out) as fh:
+            df = pd.DataFrame(json.load(fh))
+    df["world_size"], df["frequency"] = world_size, frequency
+    df["rule_lhs_s"] = df.allreduce_s * (1 - 1 / frequency)
+    df["rule_predicts_pays"] = df.rule_lhs_s > df.bwd_s
+    df["local_pays"] = df.local_step_s < df.ddp_step_s
+    df["rule_right"] = df.rule_predicts_pays == df.local_pays
+    df["speedup_local"] = df.ddp_step_s / df.local_step_s
+    return df

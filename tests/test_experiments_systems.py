@@ -1,0 +1,121 @@
+"""Table 2's fitted time model and the SlowMo experiment helpers (localsgd.experiments)."""
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from localsgd import experiments as ex
+from localsgd.train import TrainConfig
+
+
+def test_fit_recovers_known_costs_from_synthetic_times():
+    hs = [1, 2, 4, 8, 16, 32, 64]
+    counts = ex.update_and_sync_counts(hs)
+    c, s = 0.071, 0.043  # seconds per update, per sync
+    seconds = counts.updates * c + counts.syncs * s
+    fit = ex.fit_step_costs(counts.updates, counts.syncs, seconds)
+    assert fit["compute_s"] == pytest.approx(c, rel=1e-9)
+    assert fit["sync_s"] == pytest.approx(s, rel=1e-9)
+    # with 1 % multiplicative noise the costs still come back within a few %
+    rng = np.random.default_rng(0)
+    noisy = seconds * (1 + 0.01 * rng.standard_normal(len(hs)))
+    fit = ex.fit_step_costs(counts.updates, counts.syncs, noisy)
+    assert fit["compute_s"] == pytest.approx(c, rel=0.03)
+    assert fit["sync_s"] == pytest.approx(s, rel=0.05)
+    # an extra term (here U·log2 H) is recovered when asked for, and is zero when absent
+    extra = {"log_s": counts.updates * np.log2(counts.H)}
+    with_log = ex.fit_step_costs(counts.updates, counts.syncs, seconds + 0.002 * extra["log_s"],
+                                 extra)
+    assert with_log["log_s"] == pytest.approx(0.002, rel=1e-6)
+    assert ex.fit_step_costs(counts.updates, counts.syncs, seconds, extra)["log_s"] < 1e-9
+    with pytest.raises(ValueError, match="cannot determine"):
+        ex.fit_step_costs([1.0], [1.0], [2.0])
+
+
+def test_table02_fit_explains_h_up_to_32_not_beyond():
+    fit = ex.table02_fit()
+    tab = fit.table
+    assert tab.updates.iloc[0] == 7324 and tab.syncs.tolist()[:2] == [7325, 3663]
+    assert fit.fit_hs == (1, 2, 4, 8, 16, 32)
+    assert 0.05 < fit.compute_s < 0.08 and 0.08 < fit.sync_s < 0.12
+    assert tab[tab.used].residual_pct.abs().max() < 4.0  # the fitted rows: within 4 %
+    beyond = tab[~tab.used]
+    assert (beyond.residual_pct < -10).all()  # the model cannot rise again beyond H = 32
+    # the cluster reproduces the fitted sync cost for the 16-worker all-reduce of ResNet-20
+    cl = fit.cluster()
+    assert fit.param_bytes == 4 * 269_722
+    assert cl.allreduce_seconds(16, fit.param_bytes, 16) == pytest.approx(fit.sync_s)
+    assert fit.time_kwargs() == {"compute_seconds_per_step": fit.compute_s,
+                                 "sync_seconds": fit.sync_s}
+    with pytest.raises(ValueError, match="fewer than 2 rows"):
+        ex.table02_fit(fit_max_h=1)
+
+
+def test_barrier_model_never_rises_with_h_under_stragglers():
+    hs = [1, 2, 4, 8, 16, 32, 64, 128]
+    free = ex.barrier_time_per_update(hs, workers=4, updates=512, compute_s=0.1, sync_s=0.05)
+    assert free.seconds_per_update.tolist() == pytest.approx([0.1 + 0.05 * math.ceil(512 / h)
+                                                              / 512 for h in hs])
+    noisy = ex.barrier_time_per_update(hs, workers=8, updates=1024, compute_s=0.1, sync_s=0.0,
+                                       jitter_cv=0.3, stall_rate=0.02, stall_s=1.0,
+                                       slow_factor=3.0, slow_rate=0.01, slow_len=50)
+    per = noisy.seconds_per_update.to_numpy()
+    assert (np.diff(per) <= 1e-12).all()  # subadditivity of the max: no rise along doublings
+    assert per[0] > 0.1 * 1.5  # stragglers do cost time at H = 1
+
+
+def test_slowmo_grid_configs():
+    base = TrainConfig(world_size=4, local_batch=16, epochs=1.0)
+    configs, labels = ex.slowmo_configs(base, localsgd_frequency=3, slowmo_frequency=12,
+                                        momenta=[0.0, 0.2], slow_lrs=[2.0], sgp_momenta=[0.0, 0.4],
+                                        seeds=[0, 1])
+    assert len(configs) == len(labels) == 2 * (1 + 1 + 1 + 2)
+    by = {(lab["base"], lab["slowmo_momentum"], lab["slowmo_lr"], c.seed): c
+          for c, lab in zip(configs, labels, strict=True)}
+    plain = by[("local SGD", 0.0, 1.0, 0)]  # beta 0, alpha 1 *is* local SGD: trained once
+    assert plain.slowmo_frequency is None and plain.local_steps == 3
+    assert by[("local SGD", 0.2, 1.0, 1)].slowmo_frequency == 12
+    assert by[("local SGD", 0.0, 2.0, 0)].slowmo_lr == 2.0
+    sgp = by[("SGP", 0.4, 1.0, 0)]
+    assert sgp.gossip and sgp.local_steps == 12 and sgp.slowmo_frequency == 12
+    with pytest.raises(ValueError, match="multiple of localsgd_frequency"):
+        ex.slowmo_configs(base, localsgd_frequency=5, slowmo_frequency=12, momenta=[0.1],
+                          slow_lrs=[], sgp_momenta=[], seeds=[0])
+    assert dataclasses.replace(plain, seed=0) == plain
+
+
+def test_slowmo_summary_on_real_tiny_runs():
+    from localsgd import data
+    from localsgd.train import train
+
+    synth = data.synthetic_image_dataset(256, 64, num_classes=4, image_size=16, seed=0)
+    base = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=4,
+                       local_batch=8, epochs=1.0, lr=0.2, n_test=64)
+    configs, labels = ex.slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4,
+                                        momenta=[0.5], slow_lrs=[], sgp_momenta=[0.5], seeds=[0])
+    import pandas as pd
+
+    recs = pd.concat([train(c, dataset=synth, progress=False).assign(run=i, **lab)
+                      for i, (c, lab) in enumerate(zip(configs, labels, strict=True))])
+    summ = ex.slowmo_summary(recs).set_index("variant")
+    assert list(summ.index) == ["local SGD alone", "local SGD + SlowMo β=0.5, α=1",
+                                "SGP + SlowMo β=0.5, α=1"]
+    assert summ.loc["local SGD alone", "d_acc"] == 0.0  # the reference itself
+    assert summ.loc["local SGD + SlowMo β=0.5, α=1", "outer_steps"] == 2  # 8 updates / 4
+    assert summ.loc["SGP + SlowMo β=0.5, α=1", "gossip_rounds"] == 6
+    assert summ.loc["local SGD + SlowMo β=0.5, α=1", "d_loss"] != 0.0  # the slow step acts
+
+
+def test_breakeven_benchmark_measures_both_sides_of_the_rule():
+    df = ex.breakeven_benchmark([{"model": "mlp", "width": 32, "batch": 2}], world_size=2,
+                                frequency=3, repeats=2)
+    row = df.iloc[0]
+    assert row.param_bytes == 4 * (3072 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10)
+    for col in ("fwd_s", "bwd_s", "allreduce_s", "ddp_step_s", "local_step_s"):
+        assert 0 < row[col] < 5.0
+    assert row.rule_lhs_s == pytest.approx(row.allreduce_s * 2 / 3)
+    assert bool(row.rule_predicts_pays) == (row.rule_lhs_s > row.bwd_s)
+    with pytest.raises(ValueError, match="need model"):
+        ex.breakeven_benchmark([{"model": "vgg", "batch": 2}])
