@@ -143,3 +143,19 @@ def test_plan_bad_values_are_clear_errors(capsys, argv, message):
 
     assert main(["plan", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_host_run_ahead_hides_a_later_stall_by_hand():
+    # 2 workers, 10 ms steps, free communication; rank 0 stalls 100 ms at step 1, rank 1 at step 2
+    stalls = np.array([[0.1, 0.0], [0.0, 0.1]])
+    kw = {"workers": 2, "steps": 2, "cluster": _free(), "compute_ms": 10.0, "stalls": stalls}
+    blocking = simulate(["sync"], **kw).seconds.iloc[0]
+    assert blocking == pytest.approx(0.22)  # both stalls add up when the host waits every step
+    # two steps in flight: rank 1's host enqueued step 2 and stalled while its GPU waited for
+    # rank 0, so its stall is hidden: 110 ms, then 10 ms of step 2
+    ahead = simulate(["sync"], queue_steps=2, **kw).seconds.iloc[0]
+    assert ahead == pytest.approx(0.12)
+    # the synchronous baseline alone may keep blocking
+    both = simulate(["sync", "local:2"], queue_steps=2, sync_queue_steps=0, **kw)
+    assert both.set_index("scheme").seconds.to_dict() == pytest.approx(
+        {"sync": 0.22, "local:2": 0.12})

@@ -653,14 +653,21 @@ class _GroupMax:
 
 def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.ndarray,
          avg_cost: np.ndarray, gossip_cost: float, allgather_cost: float,
-         steps: int) -> dict[str, np.ndarray]:
+         steps: int, queue: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None
+         ) -> dict[str, np.ndarray]:
     """Advance every configuration's worker clocks through ``steps`` steps.
 
     ``work`` [steps, W]: compute + effective stall of each worker and step (shared by the
     configurations: common random numbers, so differences are the schemes', not the draws').
     ``grad_cost[c, g]`` / ``avg_cost[c, g]``: exposed seconds of a gradient all-reduce / model
     average in groups of size g for configuration c. Returns per-configuration arrays
-    ``clock`` (final per-worker time), ``wait`` and ``comm`` (per-worker totals)."""
+    ``clock`` (final per-worker time), ``wait`` and ``comm`` (per-worker totals).
+
+    ``queue = (compute, stall, q, Q[c])``: the host may have up to Q steps in flight
+    (asynchronous CUDA queue; collectives block the device stream, not the host). Per step the
+    host starts when its device has finished step t − Q, enqueues the forward (share q of the
+    step's device work), stalls, then enqueues the rest; the device runs each part once both it
+    and the host are there. ``clock`` is then the device's clock; Q <= 1 is ``work``'s model."""
     n_cfg, workers = len(plans), work.shape[1]
     clock = np.zeros(n_cfg * workers)
     wait = np.zeros_like(clock)
@@ -675,8 +682,23 @@ def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.nda
     ac = avg_cost[cfg_idx[None, :], avg] + gather * allgather_cost
     any_grad, any_avg, any_goss = (grad > 1).any(1), (avg > 1).any(1), (goss > 0).any(1)
     rows = np.arange(n_cfg)[:, None] * workers
+    if queue is not None:
+        q_compute, q_stall, q_frac, q_cfg = queue
+        q_el = np.repeat(np.maximum(np.asarray(q_cfg, dtype=np.int64), 1), workers)
+        depth = int(q_el.max())
+        host = np.zeros_like(clock)
+        done = np.zeros((depth, clock.size))  # device end of the last `depth` steps (ring)
+        cols = np.arange(clock.size)
     for i in range(steps):
-        clock += np.tile(work[i], n_cfg)
+        if queue is None:
+            clock += np.tile(work[i], n_cfg)
+        else:
+            c_i, s_i = np.tile(q_compute[i], n_cfg), np.tile(q_stall[i], n_cfg)
+            # blocked until the device has finished step t - Q (Q steps in flight)
+            start = np.maximum(host, done[(i - q_el) % depth, cols] * (i >= q_el))
+            clock = np.maximum(np.maximum(clock, start) + q_frac * c_i, start + s_i) \
+                + (1 - q_frac) * c_i
+            host = start + s_i
         for active, sizes, cost in ((any_grad[i], grad[i], gc[i]), (any_avg[i], avg[i], ac[i])):
             if not active:
                 continue
@@ -695,6 +717,8 @@ def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.nda
             c = has * gossip_cost
             comm += c
             clock = release + c
+        if queue is not None:
+            done[i % depth] = clock
     shape = (n_cfg, workers)
     return {"clock": clock.reshape(shape), "wait": wait.reshape(shape),
             "comm": comm.reshape(shape)}
@@ -706,7 +730,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
              grad_overlap: float = 1.0, backward_fraction: float = 2 / 3,
              intra_host_grad_allreduce: bool = False, queued_fraction: float = 0.0,
              baseline: bool | str = True, seed: int = 0, runner_stalls: bool = False,
-             stalls: np.ndarray | None = None) -> pd.DataFrame:
+             stalls: np.ndarray | None = None, queue_steps: int = 0,
+             sync_queue_steps: int | None = None) -> pd.DataFrame:
     """Predicted wall-clock time of each scheme on one cluster: one tidy row per scheme.
 
     Model (per worker clock, per step; no event queue):
@@ -722,7 +747,17 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        stalls, which runs during the stall, so a stall costs ``max(0, s − q·compute)``.
        q = 0: the stall blocks (CPU compute, the runner's sleep); q ≈ 1/3: the blog's emulation
        (sleep after the loss, before backward: the forward's kernels are queued on the GPU —
-       blog, "Experimental Setup" and its code snippet);
+       blog, "Experimental Setup" and its code snippet).
+       ``queue_steps`` Q: how many steps a host may run ahead of its device. 0: the host waits
+       for its device every step (a ``loss.item()`` per step; CPU/gloo, the runner). Q ≥ 1:
+       PyTorch's asynchronous CUDA execution — NCCL collectives and DDP's all-reduce block the
+       device stream, not the host, so a host keeps enqueueing while its GPU waits for a
+       straggler elsewhere, and its own later stall is then hidden by that backlog; stalls of
+       different workers overlap instead of adding up (issue 11 item 3, "how a stall interacts
+       with queued device work"; the blog's snippet does not show whether its loop synchronised).
+       ``sync_queue_steps`` (None: = ``queue_steps``) sets it for the synchronous schemes alone
+       (kind "sync"), e.g. a DDP baseline whose loop blocks the host every step beside averaging
+       schemes whose hosts run ahead;
     3. gradient all-reduce (sync SGD; intra-host groups after warm-up): the group is released
        when its slowest member's backward ends, then the collective's cost minus what overlapped
        the backward: ``max(0, C − grad_overlap · backward_fraction · compute)`` (DDP overlaps
@@ -754,6 +789,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     stragglers = Stragglers() if stragglers is None else stragglers
     _check_int_arg("workers", workers, 1)
     _check_int_arg("steps", steps, 1)
+    _check_int_arg("queue_steps", queue_steps, 0)
+    if sync_queue_steps is not None:
+        _check_int_arg("sync_queue_steps", sync_queue_steps, 0)
     for name, value, lo, hi in (("compute_ms", compute_ms, 0.0, None),
                                 ("jitter", jitter, 0.0, None), ("model_mb", model_mb, 0.0, None),
                                 ("grad_overlap", grad_overlap, 0.0, 1.0),
@@ -807,7 +845,10 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     # (g-1)/g of the model (half a ring all-reduce's bytes; SlowMo document, "Zero-1 like")
     allgather_cost = (cluster.latency_s * math.ceil(math.log2(max(workers, 2)))
                       + (workers - 1) / workers * nbytes / inter_bw)
-    res = _run(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps)
+    sync_q = queue_steps if sync_queue_steps is None else sync_queue_steps
+    depths = [sync_q if sc.kind == "sync" else queue_steps for sc in run]
+    queue = (compute, stall, queued_fraction, depths) if max(depths) > 1 else None
+    res = _run(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue)
 
     rows = []
     for c, (scheme, plan) in enumerate(zip(run, plans, strict=True)):
@@ -826,7 +867,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
             "steps_per_s": steps / seconds if seconds > 0 else float("inf"),
             "step_ms": 1e3 * seconds / steps,
             "compute_share": float(compute.sum()) / total if total else float("nan"),
-            "stall_share": float(eff_stall.sum()) / total if total else float("nan"),
+            "stall_share": (1.0 - (float(compute.sum()) + float(res["wait"][c].sum())
+                                   + float(res["comm"][c].sum())) / total) if total
+            else float("nan"),
             "wait_share": float(res["wait"][c].sum()) / total if total else float("nan"),
             "comm_share": float(res["comm"][c].sum()) / total if total else float("nan"),
             "syncs_grad": int((plan["grad"] > 1).sum()), "syncs_avg": int((plan["avg"] > 1).sum()),
@@ -849,7 +892,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
               "latency_s": cluster.latency_s, "grad_overlap": grad_overlap,
               "backward_fraction": backward_fraction,
               "intra_host_grad_allreduce": intra_host_grad_allreduce,
-              "queued_fraction": queued_fraction, "seed": seed}
+              "queued_fraction": queued_fraction, "queue_steps": queue_steps,
+              "sync_queue_steps": sync_q, "seed": seed}
     for k, v in inputs.items():
         df[k] = v
     cols = ["scheme", "kind", "workers", "gpus_per_node", "steps", "seconds", "steps_per_s",
