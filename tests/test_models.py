@@ -137,9 +137,15 @@ def test_width_multiplier_shrinks_params(name):
     assert half < 0.4 * full  # parameters scale roughly with width squared
 
 
-def test_resnet50_rejects_width_and_unknown_names_are_listed():
+def test_resnet50_width_scales_its_stages_and_unknown_names_are_listed():
+    full = M.count_params(meta_model("resnet50", 1000))
+    quarter = M.build_model("resnet50", num_classes=10, width=0.25)
+    assert quarter.layer1[0].conv1.out_channels == 16 and quarter.layer4[-1].conv3.out_channels == 512
+    assert quarter.fc.in_features == 512 and quarter.conv1.out_channels == 64  # stem kept
+    assert M.count_params(quarter) < full / 12  # ~ width squared
+    assert quarter.eval()(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     with pytest.raises(ValueError, match="width"):
-        M.build_model("resnet50", width=0.5)
+        M.build_model("resnet50", width=0.0)
     with pytest.raises(ValueError, match="resnet20.*densenet40_12.*wrn28_10.*resnet50"):
         M.build_model("resnet18")
 

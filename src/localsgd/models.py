@@ -195,6 +195,25 @@ class WideResNet(nn.Module):
 
 
 # --------------------------------------------------------------------------- build + init
+def _resnet50(num_classes: int, width: float) -> nn.Module:
+    """torchvision's ResNet-50 (bottlenecks [3, 4, 6, 3]); at ``width`` != 1 every stage's
+    planes (64, 128, 256, 512, hence outputs x4) are scaled, the 64-channel stem kept. Width 1.0
+    is torchvision's model itself. (Its ``width_per_group`` only widens the 3x3 convs.)"""
+    import torchvision
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    if width == 1.0:
+        return torchvision.models.resnet50(weights=None, num_classes=num_classes)
+
+    class _Scaled(ResNet):
+        def _make_layer(self, block, planes, blocks, stride=1, dilate=False):  # noqa: ANN001
+            return super()._make_layer(block, _ch(planes * width), blocks, stride, dilate)
+
+    model = _Scaled(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)
+    model.fc = nn.Linear(_ch(512 * width) * Bottleneck.expansion, num_classes)
+    return model
+
+
 def init_weights(model: nn.Module) -> nn.Module:
     """§4.1 initialization (after Goyal et al., 2017): He et al. (2015) normal init (fan_out,
     ReLU gain) for convolutions, N(0, 0.01) and zero bias for fully connected layers, BatchNorm
@@ -220,9 +239,9 @@ def build_model(name: str, num_classes: int = 10, width: float = 1.0) -> nn.Modu
     Args:
         name: ``"resnet20"``, ``"densenet40_12"``, ``"wrn28_10"`` or ``"resnet50"``.
         num_classes: outputs of the classifier (10 CIFAR-10, 100 CIFAR-100, 1000 ImageNet).
-        width: channel multiplier for reduced-scale runs (base widths of the ResNets, growth
-            rate of DenseNet, whose stem is 2 × growth); 1.0 is the paper's model. ResNet-50
-            only takes 1.0.
+        width: channel multiplier for reduced-scale runs (base widths of the ResNets -- for
+            ResNet-50 every stage but its stem --, growth rate of DenseNet, whose stem is
+            2 × growth); 1.0 is the paper's model.
 
     Deterministic given ``torch.manual_seed``; build under ``torch.device("meta")`` to count
     parameters and flops without allocating weights.
@@ -236,13 +255,7 @@ def build_model(name: str, num_classes: int = 10, width: float = 1.0) -> nn.Modu
     elif name == "wrn28_10":
         model = WideResNet(28, 10, num_classes, width)
     elif name == "resnet50":
-        if width != 1.0:
-            # torchvision's width_per_group only widens the 3×3 convs, not the whole network
-            raise ValueError(f"resnet50 is torchvision's model at width 1.0 only, got "
-                             f"width={width}; use resnet20/wrn28_10 for reduced-width runs")
-        import torchvision
-
-        model = torchvision.models.resnet50(weights=None, num_classes=num_classes)
+        model = _resnet50(num_classes, width)
     else:
         raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
     return init_weights(model)

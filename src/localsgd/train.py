@@ -63,7 +63,9 @@ class TrainConfig:
 
     # -- data and model
     dataset: str = "cifar10"
-    """'cifar10', 'cifar100', or 'synthetic' (only when asked for by name)."""
+    """'cifar10', 'cifar100', 'synthetic' (only when asked for by name) -- held in memory --, or
+    streamed from image folders through ImageNet's input pipeline: 'imagenet' (§4.2.2) or
+    'cifar10_folder' (CIFAR-10 written as PNG folders: ImageNet's code path at CPU size)."""
     model: str = "resnet20"
     """A `localsgd.models.build_model` name: resnet20, densenet40_12, wrn28_10, resnet50."""
     width: float = 1.0
@@ -73,7 +75,13 @@ class TrainConfig:
     n_test: int | None = None
     """Class-balanced subset of the test set used for evaluation (None: all 10,000)."""
     augment: bool = True
-    """4-pixel padded random crop + horizontal flip (§4.1, He et al. 2016)."""
+    """4-pixel padded random crop + horizontal flip (§4.1, He et al. 2016); streamed data sets
+    always use ImageNet's random-resized crop + flip."""
+    image_size: int = 224
+    """Streamed data sets: crop size of the input pipeline (224 on ImageNet)."""
+    loader_workers: int = 2
+    """Streamed data sets: DataLoader worker processes decoding images (speed only: the crops
+    are seeded per image, `localsgd.data.SeededItems`)."""
 
     # -- topology and schedule (Algorithms 1 and 2)
     world_size: int = 2
@@ -159,11 +167,16 @@ class TrainConfig:
         if not self.epochs > 0:
             raise ValueError(f"epochs={self.epochs}: must be > 0")
         for name in ("world_size", "local_batch", "local_steps", "block_steps", "base_batch",
-                     "eval_batch", "peers_per_step"):
+                     "eval_batch", "peers_per_step", "image_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
         object.__setattr__(self, "decay_fractions", tuple(self.decay_fractions))
+        if isinstance(self.loader_workers, bool) or not isinstance(self.loader_workers, int) \
+                or self.loader_workers < 0:
+            raise ValueError(f"loader_workers={self.loader_workers!r}: must be an integer >= 0")
+        if self.dataset not in data_mod.IMAGE_DATASETS:
+            raise ValueError(f"dataset={self.dataset!r}; valid: {data_mod.IMAGE_DATASETS}")
         if self.slowmo_frequency is not None:
             f = self.slowmo_frequency
             if isinstance(f, bool) or not isinstance(f, int) or f < 1:
@@ -293,6 +306,85 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                       average_buffers=cfg.average_buffers, peers_per_step=cfg.peers_per_step,
                       device=cfg.device)
+
+
+STREAMED = ("imagenet", "cifar10_folder")  # data sets read from image folders while training
+
+
+class _MemoryBatches:
+    """Mini-batches of an in-memory `ImageDataset` (CIFAR): index the uint8 tensors on the
+    device, augment with worker k's generator (§4.1)."""
+
+    def __init__(self, ds: data_mod.ImageDataset, cfg: TrainConfig, device: torch.device):
+        self.ds, self.device, self.eval_batch = ds, device, cfg.eval_batch
+        self.n_train, self.num_classes = len(ds.train_y), len(ds.classes)
+        self.test_images = len(ds.test_y)
+        self.train_x, self.train_y = ds.train_x.to(device), ds.train_y.to(device)
+        self.test_x, self.test_y = ds.test_x.to(device), ds.test_y.to(device)
+        self.augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
+
+    def batches(self, parts: torch.Tensor, epoch: int, pos: int, ranks: list[int],
+                generators: list[torch.Generator], b: int) -> list[tuple[torch.Tensor, ...]]:
+        out = []
+        for w, gen in zip(ranks, generators, strict=True):
+            idx = parts[w, pos * b:(pos + 1) * b].to(self.device)
+            xb = self.train_x[idx]
+            xb = (self.augment(xb, gen) if self.augment is not None
+                  else data_mod.normalize(xb, self.ds.mean, self.ds.std))
+            out.append((xb, self.train_y[idx]))
+        return out
+
+    def evaluate(self, model: nn.Module) -> tuple[float, float]:
+        return evaluate(model, self.test_x, self.test_y, self.ds.mean, self.ds.std,
+                        self.eval_batch)
+
+
+class _StreamedBatches:
+    """Mini-batches streamed from image folders (ImageNet, §4.2.2): one DataLoader per epoch
+    whose batch sampler yields, for update ``pos``, the concatenated mini-batches of this
+    process's workers from the §4.2.1 partition; images are decoded and augmented in loader
+    worker processes, seeded per image (`data.SeededItems`)."""
+
+    def __init__(self, folders: data_mod.ImageFolders, cfg: TrainConfig, device: torch.device):
+        self.folders, self.cfg, self.device = folders, cfg, device
+        self.n_train, self.num_classes = len(folders.train), len(folders.classes)
+        self.test_images = len(folders.val)
+        self._it, self._at = None, None  # the epoch's batch iterator and the (epoch, pos) it serves
+
+    def _loader(self, dataset: Any, batch_sampler: Any) -> torch.utils.data.DataLoader:
+        workers = self.cfg.loader_workers
+        return torch.utils.data.DataLoader(
+            dataset, batch_sampler=batch_sampler, num_workers=workers,
+            pin_memory=self.device.type == "cuda", persistent_workers=False,
+            prefetch_factor=4 if workers else None)
+
+    def batches(self, parts: torch.Tensor, epoch: int, pos: int, ranks: list[int],
+                generators: list[torch.Generator], b: int) -> list[tuple[torch.Tensor, ...]]:
+        if self._at != (epoch, pos):  # a new epoch, or a resumed run: start where we are
+            rows = parts[ranks]
+            plan = [rows[:, p * b:(p + 1) * b].reshape(-1).tolist()
+                    for p in range(pos, rows.shape[1] // b)]
+            self._it = iter(self._loader(data_mod.SeededItems(self.folders.train, self.cfg.seed,
+                                                               epoch), plan))
+        x, y = next(self._it)
+        self._at = (epoch, pos + 1)
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        return [(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(len(ranks))]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module) -> tuple[float, float]:
+        model.eval()
+        dtype = next(model.parameters()).dtype
+        n, e = len(self.folders.val), self.cfg.eval_batch
+        loader = self._loader(self.folders.val, [list(range(i, min(i + e, n)))
+                                                 for i in range(0, n, e)])
+        correct, loss = 0, 0.0
+        for x, y in loader:
+            out = model(x.to(self.device, dtype))
+            y = y.to(self.device)
+            loss += nn.functional.cross_entropy(out.float(), y, reduction="sum").item()
+            correct += int((out.argmax(1) == y).sum())
+        return 100.0 * correct / max(n, 1), loss / max(n, 1)
 
 
 @torch.no_grad()
@@ -500,13 +592,12 @@ def train(
     t_start = time.perf_counter()
     ds = dataset if dataset is not None else _load(cfg)
     device = torch.device(cfg.device)
-    n_train = len(ds.train_y)
+    source = (_StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
+              else _MemoryBatches(ds, cfg, device))
+    n_train = source.n_train
     steps_per_epoch, total = _steps(cfg, n_train)
-    engine = (engine or build_engine)(cfg, n_train, len(ds.classes))
+    engine = (engine or build_engine)(cfg, n_train, source.num_classes)
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
-    train_x, train_y = ds.train_x.to(device), ds.train_y.to(device)
-    test_x, test_y = ds.test_x.to(device), ds.test_y.to(device)
-    augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
     dtype = getattr(torch, cfg.dtype)
     ranks = engine.local_ranks  # the workers this process runs (all K in the replica engine)
     multi = ranks != list(range(engine.world_size))  # one worker per process: per-rank files
@@ -536,8 +627,7 @@ def train(
             save_checkpoint(checkpoint_path, snapshot())
 
     def record(t: int) -> None:
-        acc, loss = evaluate(engine.averaged_model(), test_x, test_y, ds.mean, ds.std,
-                             cfg.eval_batch)
+        acc, loss = source.evaluate(engine.averaged_model())
         # the median worker of every step (mean of the middle two for even K), as if the K
         # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
         per_worker = [w for proc in engine.all_gather_object(tot.step_seconds) for w in proc]
@@ -552,7 +642,7 @@ def train(
             "test_loss": loss, "test_acc": acc,
             "compute_seconds": tot.compute_seconds, "data_seconds": tot.data_seconds,
             "param_bytes": engine.param_bytes, "train_images": n_train,
-            "test_images": len(test_y),
+            "test_images": source.test_images,
         }
         for i, level in enumerate(topo.levels):
             row.update({f"group_l{i}": level.group_size, f"sync_l{i}": tot.sync[i],
@@ -572,16 +662,11 @@ def train(
                 t = engine.t  # completed updates; this step is update t + 1
                 epoch, pos = divmod(t, steps_per_epoch)
                 if epoch != partition_epoch:
-                    parts = data_mod.partition(n_train, k, epoch, cfg.seed).to(device)
+                    parts = data_mod.partition(n_train, k, epoch, cfg.seed)
                     partition_epoch = epoch
                 t0 = time.perf_counter()
-                batches = []
-                for w, gen in zip(ranks, engine.generators, strict=True):
-                    idx = parts[w, pos * b:(pos + 1) * b]
-                    xb = train_x[idx]
-                    xb = (augment(xb, gen) if augment is not None
-                          else data_mod.normalize(xb, ds.mean, ds.std))
-                    batches.append((xb.to(dtype), train_y[idx]))
+                batches = [(x.to(dtype), y) for x, y in
+                           source.batches(parts, epoch, pos, ranks, engine.generators, b)]
                 tot.data_seconds += time.perf_counter() - t0
                 stats: dict = {}
                 losses, action = engine.step(batches, nn.functional.cross_entropy, stats=stats)
@@ -632,7 +717,14 @@ def train(
     return df
 
 
-def _load(cfg: TrainConfig) -> data_mod.ImageDataset:
+def _load(cfg: TrainConfig) -> data_mod.ImageDataset | data_mod.ImageFolders:
+    if cfg.dataset == "imagenet":
+        folders = data_mod.imagenet_folders(image_size=cfg.image_size,
+                                            resize=round(cfg.image_size * 256 / 224))
+        return data_mod.balanced_folder_subset(folders, cfg.n_train, cfg.n_test)
+    if cfg.dataset in STREAMED:
+        return data_mod.load_image_dataset(cfg.dataset, n_train=cfg.n_train, n_test=cfg.n_test,
+                                           image_size=cfg.image_size)
     ds = data_mod.load_image_dataset(cfg.dataset)
     if cfg.n_train is not None or cfg.n_test is not None:
         ds = ds.subset(cfg.n_train, cfg.n_test, seed=0)  # the subset is fixed, not per-seed
@@ -640,9 +732,11 @@ def _load(cfg: TrainConfig) -> data_mod.ImageDataset:
 
 
 # Fields that change how a run is computed but not its result, or only its speed.
-_NOT_IN_CACHE_KEY = ("eval_batch",)
+_NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers")
 # Fields added after results were cached: left out of the key at their default, so old runs hit.
-_KEY_ONLY_IF_SET = {"block_gradient_allreduce": False}
+_KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
+                    "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
+                    "peers_per_step": 1, "image_size": 224}
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
