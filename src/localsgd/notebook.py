@@ -156,6 +156,37 @@ RULES: dict[str, Rule] = {
     "device": DEVICE,
     "batched": FLAG,
     "refresh": FLAG,
+    # streamed image folders (fig08_imagenet)
+    "image_size": integer(8),
+    "loader_workers": integer(0),
+    "local_step_warmup_epochs": integer(0),
+    "decay_fractions": list_of(number(0.0, maximum=1.0)),
+    "nodes": integer(1),
+    "runs_dir": optional(Rule(lambda v: isinstance(v, str) and v != "", "a folder path")),
+    # table02_time_vs_H: the fit and the straggler scenarios of the barrier model
+    "fit_max_h": integer(2),
+    "jitter_cv": number(0.0, inclusive=True),
+    "stall_rate": number(0.0, inclusive=True, maximum=1.0),
+    "stall_s": number(0.0, inclusive=True),
+    "slow_factor": number(1.0, inclusive=True),
+    "slow_rate": number(0.0, inclusive=True, maximum=1.0),
+    "slow_len": number(1.0, inclusive=True),
+    # slowmo: the grid and the break-even check
+    "lr": number(0.0),
+    "localsgd_frequency": integer(1),
+    "slowmo_frequency": integer(1),
+    "slowmo_momenta": list_of(number(0.0, inclusive=True, maximum=0.99)),
+    "sgp_momenta": list_of(number(0.0, inclusive=True, maximum=0.99)),
+    "slow_lrs": Rule(lambda v: isinstance(v, (list, tuple))
+                     and all(_is_number(x) and x > 0 for x in v), "a list of numbers > 0"),
+    "slow_lr_momentum": number(0.0, inclusive=True, maximum=0.99),
+    "breakeven": FLAG,
+    "breakeven_procs": integer(2),
+    "breakeven_repeats": integer(1),
+    "breakeven_specs": list_of(Rule(
+        lambda v: isinstance(v, dict) and v.get("model") in ("resnet20", "mlp")
+        and _is_number(v.get("width")) and v["width"] > 0 and _is_int(v.get("batch"))
+        and v["batch"] >= 1, "a dict {model: 'resnet20' or 'mlp', width: > 0, batch: >= 1}")),
 }
 
 
