@@ -70,8 +70,9 @@ def test_slowmo_grid_configs():
     base = TrainConfig(world_size=4, local_batch=16, epochs=1.0)
     configs, labels = ex.slowmo_configs(base, localsgd_frequency=3, slowmo_frequency=12,
                                         momenta=[0.0, 0.2], slow_lrs=[2.0], sgp_momenta=[0.0, 0.4],
-                                        seeds=[0, 1])
-    assert len(configs) == len(labels) == 2 * (1 + 1 + 1 + 2)
+                                        seeds=[0, 1], sync_reference=True)
+    assert len(configs) == len(labels) == 2 * (1 + 1 + 1 + 1 + 2)
+    assert configs[0].local_steps == 1 and labels[0]["base"] == "H = 1"
     by = {(lab["base"], lab["slowmo_momentum"], lab["slowmo_lr"], c.seed): c
           for c, lab in zip(configs, labels, strict=True)}
     plain = by[("local SGD", 0.0, 1.0, 0)]  # beta 0, alpha 1 *is* local SGD: trained once
