@@ -159,3 +159,35 @@ def test_host_run_ahead_hides_a_later_stall_by_hand():
     both = simulate(["sync", "local:2"], queue_steps=2, sync_queue_steps=0, **kw)
     assert both.set_index("scheme").seconds.to_dict() == pytest.approx(
         {"sync": 0.22, "local:2": 0.12})
+
+
+def test_blog_notebook_paper_params_are_the_blogs_setting():
+    import pandas as pd
+    import yaml
+
+    from localsgd.results import repo_root
+
+    root = repo_root()
+    folder = root / "notebooks" / "params" / "blog_hsgd_stragglers"
+    p = {**yaml.safe_load((folder / "quick.yaml").read_text()),
+         **yaml.safe_load((folder / "paper.yaml").read_text())}
+    rep = pd.read_csv(root / "papers" / "cruise_meta_hsgd_blog" / "reported.csv")
+
+    def value(artifact, setting, metric):
+        row = rep[(rep.artifact == artifact) & (rep.setting == setting) & (rep.metric == metric)]
+        return float(row.value.iloc[0])
+
+    rates = {w: value("Experimental setup", f"GPUs={w}", "straggler rate") / 100
+             for w in (64, 128, 256)}
+    assert dict(zip(p["worker_counts"], p["straggler_rates"], strict=True)) == rates
+    assert p["steps"] == value("Experimental setup", "all runs", "iterations")
+    assert p["straggler_s"] == value("Experimental setup", "all runs", "straggler stall")
+    assert p["step_ms"] == value("Experimental setup", "all runs", "normal step time")
+    assert p["model_mb"] == value("Experimental setup", "model=ResNet18", "model size")
+    assert p["gpus_per_node"] == value("Experimental setup", "cluster", "GPUs per machine")
+    assert p["inter_gbps"] == value("Experimental setup", "cluster", "network bandwidth")
+    # every HSGD configuration the blog lists is simulated for its GPU count
+    for w in (64, 128, 256):
+        listed = {s.split("scheme=HSGD ")[1].split(";")[0] for s in rep.setting
+                  if s.startswith(f"GPUs={w}; scheme=HSGD")}
+        assert {s.removeprefix("hsgd:") for s in timing.BLOG_HSGD[w]} == listed
