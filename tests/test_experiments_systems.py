@@ -120,3 +120,15 @@ def test_breakeven_benchmark_measures_both_sides_of_the_rule():
     assert bool(row.rule_predicts_pays) == (row.rule_lhs_s > row.bwd_s)
     with pytest.raises(ValueError, match="need model"):
         ex.breakeven_benchmark([{"model": "vgg", "batch": 2}])
+
+
+def test_fig07_paper_time_axis_uses_the_table02_fit():
+    import yaml
+
+    from localsgd.results import repo_root
+
+    paper = yaml.safe_load((repo_root() / "notebooks/params/fig07_scaling/paper.yaml").read_text())
+    fit = ex.table02_fit()
+    assert paper["compute_ms_per_update"] == round(fit.compute_s * 1e3, 1)
+    cluster = fit.cluster(gpus_per_node=paper["gpus_per_node"], inter_gbps=paper["inter_gbps"])
+    assert paper["latency_s"] == round(cluster.latency_s, 4)
