@@ -191,3 +191,33 @@ def test_blog_notebook_paper_params_are_the_blogs_setting():
         listed = {s.split("scheme=HSGD ")[1].split(";")[0] for s in rep.setting
                   if s.startswith(f"GPUs={w}; scheme=HSGD")}
         assert {s.removeprefix("hsgd:") for s in timing.BLOG_HSGD[w]} == listed
+
+
+@pytest.mark.parametrize("allreduce_ms, faster", [(60.0, True), (40.0, False)])
+def test_slowmo_break_even_rule_of_the_slowmo_document(allreduce_ms, faster):
+    # SlowMo page: SlowMo (local SGD base) beats DDP when
+    # all-reduce time * (1 - 1/localsgd_frequency) > backward time. One GPU per node, no
+    # stragglers, no slow-momentum step inside the run: 30 ms of backward, F = 3 → break-even
+    # at a 45 ms all-reduce
+    workers, steps, freq = 8, 60, 3
+    cl = Cluster(gpus_per_node=1, inter_gbps=8.0, latency_s=0.0)
+    # ring all-reduce of B bytes among 8 at 8 Gbit/s: 2 * 7/8 * B * 8 / 8e9 seconds
+    mb = allreduce_ms / 1e3 * 8e9 / 8 / (2 * 7 / 8) / 1e6
+    df = simulate(["sync", Scheme.slowmo("localsgd", freq, slowmo_frequency=steps + 1)],
+                  workers=workers, steps=steps, cluster=cl, compute_ms=45.0,
+                  backward_fraction=30 / 45, model_mb=mb).set_index("kind")
+    assert df.loc["sync", "step_ms"] == pytest.approx(15 + max(30, allreduce_ms))
+    assert df.loc["slowmo", "step_ms"] == pytest.approx(45 + allreduce_ms / freq)
+    assert (df.loc["slowmo", "speedup"] > 1) == faster
+
+
+def test_sgp_waits_only_for_its_in_peer_by_hand():
+    # 4 single-GPU nodes, step 1 of the exponential graph: i receives from i - 2; rank 0 stalls
+    stalls = np.array([[0.1, 0.0, 0.0, 0.0]])
+    cl = Cluster(gpus_per_node=1, intra_gbps=1e12, inter_gbps=1e12, latency_s=0.0)
+    df = simulate(["sync", "sgp"], workers=4, steps=1, cluster=cl, compute_ms=10.0,
+                  stalls=stalls).set_index("scheme")
+    # sync: everybody at 110 ms, 3 x 100 ms of waiting; SGP: only rank 2 waits for rank 0
+    assert df.loc["sync", "wait_share"] == pytest.approx(0.3 / 0.44)
+    assert df.loc["sgp", "wait_share"] == pytest.approx(0.1 / 0.24)
+    assert timing._gossip_offset(1, 4) == 2
