@@ -748,9 +748,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        q = 0: the stall blocks (CPU compute, the runner's sleep); q ≈ 1/3: the blog's emulation
        (sleep after the loss, before backward: the forward's kernels are queued on the GPU —
        blog, "Experimental Setup" and its code snippet).
-       ``queue_steps`` Q: how many steps a host may run ahead of its device. 0: the host waits
-       for its device every step (a ``loss.item()`` per step; CPU/gloo, the runner). Q ≥ 1:
-       PyTorch's asynchronous CUDA execution — NCCL collectives and DDP's all-reduce block the
+       ``queue_steps`` Q: how many steps a host may have in flight on its device. 0 or 1: the
+       host waits for its device every step (a ``loss.item()`` per step; CPU/gloo, the runner).
+       Q ≥ 2: PyTorch's asynchronous CUDA execution — NCCL collectives and DDP's all-reduce block the
        device stream, not the host, so a host keeps enqueueing while its GPU waits for a
        straggler elsewhere, and its own later stall is then hidden by that backlog; stalls of
        different workers overlap instead of adding up (issue 11 item 3, "how a stall interacts
@@ -779,11 +779,25 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     speedup (baseline seconds / this scheme's, same draws; the baseline is the first scheme of
     kind "sync", else an added `Scheme.sync()` (not returned); ``baseline="name"`` picks a given
     scheme by name, e.g. a runner's synchronous `Scheme.from_train_config`; False: NaN),
-    compute_share, stall_share, wait_share, comm_share (of the summed worker clocks; they add
-    to 1), syncs_grad, syncs_avg (steps with a gradient / model sync), bytes_mb (MB each worker
-    sends: ring all-reduce 2(g−1)/g of the model, a gossip message one model), and the inputs (compute_ms, jitter, straggler_rate, straggler_s, persistent,
-    model_mb, inter_gbps, intra_gbps, latency_s, grad_overlap, backward_fraction,
-    intra_host_grad_allreduce, queued_fraction, seed).
+    compute_share, stall_share (time a worker's own stalls added, after any hiding),
+    wait_share, comm_share (shares of the summed worker clocks; they add to 1), syncs_grad,
+    syncs_avg (steps with a gradient / model sync), bytes_mb (MB each worker sends: ring
+    all-reduce 2(g−1)/g of the model, a gossip message one model), and the inputs
+    (compute_ms, jitter, straggler_rate, straggler_s, persistent, model_mb, inter_gbps,
+    intra_gbps, latency_s, grad_overlap, backward_fraction, intra_host_grad_allreduce,
+    queued_fraction, queue_steps, sync_queue_steps, seed).
+
+    Example (the blog's 256-GPU setting; ~0.2 s)::
+
+        simulate(blog_schemes(256), workers=256, cluster=Cluster(gpus_per_node=4,
+                 inter_gbps=32.0), compute_ms=55.0, model_mb=45.0,
+                 stragglers=Stragglers(seconds=1.0, rate=0.01))
+
+    A torchrun run (``python -m localsgd.ddp``, gloo, ``--compute-ms M``, stragglers): one
+    `Scheme.from_train_config` per run, ``compute_ms`` = M plus the measured per-step overhead,
+    ``backward_fraction=0`` (the emulated compute sleeps in the forward), ``Stragglers`` as the
+    runner's flags (``runner_stalls=True`` for its exact draws, or ``stalls=`` the recorded
+    ``stall_s``), ``Cluster(gpus_per_node=procs_per_node, ...)``.
     """
     cluster = Cluster() if cluster is None else cluster
     stragglers = Stragglers() if stragglers is None else stragglers
