@@ -355,3 +355,60 @@ def test_compiled_loss_curve_matches_eager(tmp_path):
     assert "compiled (ddp_optimizer, aot_eager) vs eager: median step" in r.stdout
     eager = pd.read_csv(out / "eager" / "timing.csv")
     assert (eager[eager.step <= 12].grad_level == 0).all()  # warm-up: DDP gradient all-reduce
+
+
+def test_sweep_runs_several_configurations_in_one_launch(tmp_path):
+    # one torch start-up for a grid (localsgd.validation's launches): each entry sets its own
+    # schedule and stragglers over the shared --config and flags; same seed = same stall draws
+    import yaml
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump([
+        {"name": "sync", "local_steps": 1, "post_local_warmup_epochs": 1.0},
+        {"name": "hier", "local_steps": 1, "block_size": 2, "block_steps": 2,
+         "straggler_ranks": [3], "straggler_rate": 0.0},
+    ]))
+    out = tmp_path / "out"
+    r = _torchrun(4, "--config", str(_config(tmp_path)), "--compute-ms", "5",
+                  "--straggler-seconds", "0.05", "--straggler-rate", "0.2", "--sweep", str(sweep),
+                  "--out", str(out), "--fast-exit")
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = pd.read_csv(out / "sweep.csv", dtype={"straggler_ranks": str})
+    assert list(table.name) == ["sync", "hier"] and (table.steps == 6).all()
+    sync, hier = (pd.read_csv(out / n / "timing.csv") for n in ("sync", "hier"))
+    assert (sync.grad_level == 0).all() and sync.avg_level.isna().all()
+    assert set(hier.avg_level) == {0, 1} and hier.grad_level.isna().all()
+    assert (hier[hier["rank"] == 3].stall_s == 0.05).all() and (hier[hier["rank"] < 3].stall_s == 0).all()
+    assert 0 < (sync.stall_s > 0).sum() < len(sync)  # random stalls at rate 0.2
+    assert table.set_index("name").loc["hier", "straggler_ranks"] == "3"
+    assert r.stdout.count("ddp engine, 4 workers") == 2
+
+
+def test_sweep_entries_are_checked_before_launch(tmp_path):
+    import argparse
+
+    import yaml
+
+    from localsgd.ddp import add_run_arguments, sweep_runs
+
+    p = argparse.ArgumentParser()
+    add_run_arguments(p)
+    p.add_argument("--sweep", type=Path)
+    sweep = tmp_path / "s.yaml"
+
+    def runs(entries, world=4):
+        sweep.write_text(yaml.safe_dump(entries))
+        return sweep_runs(p.parse_args(["--config", str(_config(tmp_path)), "--sweep",
+                                        str(sweep), "--compute-ms", "7"]), world)
+
+    (name, run, cfg), = runs([{"name": "a", "local_steps": 4, "straggler_rate": 0.1}])
+    assert (name, cfg.local_steps, cfg.world_size, run.straggler_rate, run.compute_ms) == \
+        ("a", 4, 4, 0.1, 7.0)
+    with pytest.raises(ValueError, match="unknown key 'local_step'"):
+        runs([{"name": "a", "local_step": 4}])
+    with pytest.raises(ValueError, match="'a' is used twice"):
+        runs([{"name": "a"}, {"name": "a"}])
+    with pytest.raises(ValueError, match="entry 'b': .*block"):
+        runs([{"name": "b", "block_size": 3, "block_steps": 2}])
+    with pytest.raises(ValueError, match="probability"):
+        runs([{"name": "c", "straggler_rate": 2.0}])

@@ -29,7 +29,9 @@ emulates stragglers (`localsgd.timing.Stragglers`, the blog's experiment) and, w
 ``--compile MODE`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp = MODE``
 ("TorchDynamo Update 9: Making DDP Work with TorchDynamo": DDPOptimizer splits the graph at
 bucket boundaries to keep the overlap); ``--compare-eager`` trains eager then compiled from one
-seed and compares per-step time and loss curves. Checkpoints are per rank (`RankCheckpoints` in
+seed and compares per-step time and loss curves. ``--sweep FILE`` trains a list of
+configurations one after another in one launch (one torch start-up for a whole grid: what
+`localsgd.validation` runs to check the timing model). Checkpoints are per rank (`RankCheckpoints` in
 `localsgd.train`); a resume after SIGKILL of every worker is bitwise exact on CPU/gloo.
 """
 
@@ -58,7 +60,7 @@ from localsgd.replicas import _clone_tensors, _correct, worker_generator
 from localsgd.schedule import Action, SyncDriver, SyncSchedule
 from localsgd.timing import Stragglers
 
-__all__ = ["COMPILE_MODES", "DDPEngine", "main"]
+__all__ = ["COMPILE_MODES", "SWEEP_OPTIONS", "DDPEngine", "main", "sweep_runs"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 COMPILE_MODES = ("ddp_optimizer", "no_optimization", "python_reducer")
@@ -506,12 +508,76 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+# runner options a --sweep entry may set besides TrainConfig fields (the per-run knobs of a
+# timing experiment); --out, --resume, checkpoints and --compare-eager stay launch-wide
+SWEEP_OPTIONS = ("nodes", "procs_per_node", "straggler_seconds", "straggler_rate",
+                 "straggler_ranks", "compute_ms", "bucket_cap_mb")
+
+
+def sweep_runs(args: argparse.Namespace, world: int | None) -> list[tuple[str, argparse.Namespace,
+                                                                        Any]]:
+    """The runs of ``--sweep FILE``: (name, the launch's args with the entry applied, TrainConfig)
+    per entry, every entry checked before any training (``world``: launched processes, or None).
+
+    The file is a YAML list of mappings; each has a ``name`` (its output folder under --out) and
+    any TrainConfig fields and `SWEEP_OPTIONS`, applied over ``--config`` and the flags."""
+    import yaml
+
+    from localsgd.train import TrainConfig
+
+    entries = yaml.safe_load(Path(args.sweep).read_text())
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"--sweep {args.sweep}: expected a non-empty YAML list of runs, each a "
+                         "mapping with a 'name' and TrainConfig fields / runner options")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    runs, seen = [], set()
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(  # noqa: TRY004 -- main reports ValueErrors on every rank
+                f"--sweep {args.sweep}: entry {i} is not a mapping: {entry!r}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+            raise ValueError(f"--sweep entry {i}: 'name' must be a folder name, got {name!r}")
+        if name in seen:
+            raise ValueError(f"--sweep entry {i}: name {name!r} is used twice")
+        seen.add(name)
+        run = copy.copy(args)
+        for key, value in entry.items():
+            key = key.replace("-", "_")
+            if key == "name":
+                continue
+            if key in SWEEP_OPTIONS:
+                if key == "straggler_ranks":
+                    value = tuple(int(r) for r in (value or ()))
+                setattr(run, key, value)
+            elif key in fields:
+                setattr(run, f"cfg_{key}", value)
+            else:
+                raise ValueError(f"--sweep entry {name!r}: unknown key {key!r}; use TrainConfig "
+                                 f"fields or one of {', '.join(SWEEP_OPTIONS)}")
+        try:
+            cfg = resolve_config(run, world)
+            engine_options(run, cfg.seed)
+        except ValueError as err:
+            raise ValueError(f"--sweep entry {name!r}: {err}") from None
+        runs.append((name, run, cfg))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m localsgd.ddp`` under torchrun: one worker of the job."""
     from localsgd.distributed import init_from_env
 
     p = argparse.ArgumentParser(prog="python -m localsgd.ddp", description=__doc__.split("\n")[0])
     add_run_arguments(p)
+    p.add_argument("--sweep", type=Path, default=None, metavar="FILE",
+                   help="YAML list of runs (name + TrainConfig fields / straggler, compute and "
+                   "topology options) trained one after another in this one launch (one torch "
+                   "start-up for all): OUT/<name>/ per run and OUT/sweep.csv")
+    p.add_argument("--fast-exit", action="store_true",
+                   help="end the process with os._exit once every output is written: skips the "
+                   "interpreter's teardown of torch (~2 s of CPU per process, which 16 processes "
+                   "on 2 cores pay one after another)")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         print("error: run under torchrun, e.g. `torchrun --standalone --nproc-per-node 4 -m "
@@ -519,6 +585,13 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.sweep is not None:
+        code = _sweep(args, rank, world)
+        if args.fast_exit:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     try:  # every rank checks the same inputs, so a bad launch fails on all of them at once
         cfg = resolve_config(args, world)
         checkpoints = args.out / "checkpoints"
@@ -546,8 +619,59 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
 
 
+def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
+    """Every run of ``--sweep`` in this launch (see `sweep_runs`); OUT/sweep.csv on rank 0."""
+    from localsgd.distributed import init_from_env
+
+    try:
+        if args.resume or args.checkpoint_every or args.compare_eager:
+            raise ValueError("--sweep trains each run once from scratch: drop --resume, "
+                             "--checkpoint-every and --compare-eager")
+        runs = sweep_runs(args, world)
+        for name, _, _ in runs:
+            if (args.out / name / "summary.json").exists():
+                raise ValueError(f"{args.out / name} holds an earlier run; choose another --out")
+    except (ValueError, OSError) as err:
+        print(f"[rank {rank}] error: {err}", file=sys.stderr)
+        return 2
+    init_from_env(args.backend)
+    from localsgd.train import _load
+
+    rows, datasets = [], {}
+    try:
+        for name, run, cfg in runs:
+            # runs on the same data share one copy: building it again per run costs every
+            # process the same CPU (seconds for 16 processes on 2 cores)
+            key = (cfg.dataset, cfg.n_train, cfg.n_test)
+            if key not in datasets:
+                datasets[key] = _load(cfg)
+            dist.barrier()  # every run starts from aligned ranks (the previous one's tails)
+            summary = _run_once(run, cfg, args.out / name, run.compile, rank, world,
+                                dataset=datasets[key])
+            if summary is None:
+                return 2
+            if rank == 0:
+                rows.append({"name": name, **{k: v for k, v in summary.items()
+                                              if k != "train_loss"},
+                             **{k: getattr(run, k) for k in SWEEP_OPTIONS},
+                             **{k: v for k, v in cfg.to_dict().items()
+                                if k in ("world_size", "block_size", "local_steps",
+                                         "block_steps", "block_gradient_allreduce",
+                                         "post_local_warmup_epochs", "seed")}})
+        if rank == 0:
+            import pandas as pd
+
+            table = pd.DataFrame(rows)
+            table["straggler_ranks"] = table["straggler_ranks"].map(
+                lambda r: ",".join(map(str, r)))
+            table.to_csv(args.out / "sweep.csv", index=False)
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
 def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, rank: int,
-              world: int) -> dict | None:
+              world: int, dataset=None) -> dict | None:
     """Train ``cfg`` once (this rank's worker) and write the outputs on rank 0; the summary on
     rank 0, {} on the others, None after an error (printed)."""
     from localsgd.train import build_engine, train
@@ -562,7 +686,7 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
     checkpoints = out / "checkpoints"
     use_ckpt = args.checkpoint_every > 0 or args.resume
     try:
-        records = train(cfg, engine=make_engine,
+        records = train(cfg, engine=make_engine, dataset=dataset,
                         checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
                         checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
                         progress=not args.no_progress and rank == 0)
