@@ -19,7 +19,9 @@ BENCHES = {
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(runner: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``runner=False`` leaves out `train`, whose flags import torch (so
+    `localsgd plan` starts in a fraction of the time)."""
     from localsgd.reproduce import MODES
 
     root = repo_root()
@@ -46,14 +48,16 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("name", choices=sorted(BENCHES))
     b.add_argument("args", nargs=argparse.REMAINDER)
 
-    from localsgd.ddp import add_run_arguments
+    if runner:
+        from localsgd.ddp import add_run_arguments
 
-    t = sub.add_parser("train", help="train one TrainConfig: in this process (--engine "
-                       "replicas) or one process per worker under torchrun (--engine ddp)")
-    t.add_argument("--engine", choices=("replicas", "ddp"), default="replicas",
-                   help="replicas: K models in this process; ddp: starts torchrun --standalone "
-                   "with one process per worker (several machines: run torchrun yourself)")
-    add_run_arguments(t)
+        t = sub.add_parser("train", help="train one TrainConfig: in this process (--engine "
+                           "replicas) or one process per worker under torchrun (--engine ddp)")
+        t.add_argument("--engine", choices=("replicas", "ddp"), default="replicas",
+                       help="replicas: K models in this process; ddp: starts torchrun "
+                       "--standalone with one process per worker (several machines: run "
+                       "torchrun yourself)")
+        add_run_arguments(t)
 
     pl = sub.add_parser("plan", help="rank sync / local / hierarchical SGD schedules for a "
                         "cluster by predicted time per step (the timing model)",
@@ -213,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     from localsgd.reproduce import HarnessError
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)
     try:
         if args.command == "train":
             return _train(args, argv)
