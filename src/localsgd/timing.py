@@ -681,6 +681,8 @@ def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.nda
     gc = grad_cost[cfg_idx[None, :], grad]  # [steps, C] seconds per step and configuration
     ac = avg_cost[cfg_idx[None, :], avg] + gather * allgather_cost
     any_grad, any_avg, any_goss = (grad > 1).any(1), (avg > 1).any(1), (goss > 0).any(1)
+    grad_keys, avg_keys = [tuple(r) for r in grad.tolist()], [tuple(r) for r in avg.tolist()]
+    grid = clock.reshape(n_cfg, workers)  # a view: adding a step's work broadcasts over configs
     rows = np.arange(n_cfg)[:, None] * workers
     if queue is not None:
         q_compute, q_stall, q_frac, q_cfg = queue
@@ -691,22 +693,23 @@ def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.nda
         cols = np.arange(clock.size)
     for i in range(steps):
         if queue is None:
-            clock += np.tile(work[i], n_cfg)
+            grid += work[i]
         else:
             c_i, s_i = np.tile(q_compute[i], n_cfg), np.tile(q_stall[i], n_cfg)
             # blocked until the device has finished step t - Q (Q steps in flight)
             start = np.maximum(host, done[(i - q_el) % depth, cols] * (i >= q_el))
-            clock = np.maximum(np.maximum(clock, start) + q_frac * c_i, start + s_i) \
+            clock[:] = np.maximum(np.maximum(clock, start) + q_frac * c_i, start + s_i) \
                 + (1 - q_frac) * c_i
             host = start + s_i
-        for active, sizes, cost in ((any_grad[i], grad[i], gc[i]), (any_avg[i], avg[i], ac[i])):
+        for active, sizes, cost in ((any_grad[i], grad_keys[i], gc[i]),
+                                    (any_avg[i], avg_keys[i], ac[i])):
             if not active:
                 continue
-            release = gmax(clock, tuple(int(g) for g in sizes))
+            release = gmax(clock, sizes)
             wait += release - clock
             c = np.repeat(cost, workers)
             comm += c
-            clock = release + c
+            np.add(release, c, out=clock)  # in place: `grid` views it
         if any_goss[i]:  # receive from (rank - offset): wait for that peer, then the message
             off = goss[i]
             ranks = (np.arange(workers)[None, :] - off[:, None]) % workers
@@ -716,7 +719,7 @@ def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.nda
             wait += release - clock
             c = has * gossip_cost
             comm += c
-            clock = release + c
+            np.add(release, c, out=clock)  # in place: `grid` views it
         if queue is not None:
             done[i % depth] = clock
     shape = (n_cfg, workers)
