@@ -221,3 +221,26 @@ def test_sgp_waits_only_for_its_in_peer_by_hand():
     assert df.loc["sync", "wait_share"] == pytest.approx(0.3 / 0.44)
     assert df.loc["sgp", "wait_share"] == pytest.approx(0.1 / 0.24)
     assert timing._gossip_offset(1, 4) == 2
+
+
+def test_scheme_forms_agree_with_each_other_and_the_runner_config():
+    from localsgd.train import TrainConfig
+
+    def plan(s, workers=8, gpn=4, host_grad=False):
+        return {k: v.tolist() for k, v in Scheme.parse(s).plan(workers, gpn, 32,
+                                                               host_grad).items()}
+
+    # the paper's H, K', H^b and PyTorch's period -> group size describe the same hierarchy
+    assert plan(Scheme.paper(2, 4, 4)) == plan("hsgd:2-4,8-8") == plan("hier:H=2,Kp=4,Hb=4")
+    assert plan(Scheme.paper(4, 4, 1)) == plan("local:4")
+    runner = {  # what `python -m localsgd.ddp` runs for these flags (README examples)
+        "local:4": TrainConfig(world_size=8, local_steps=4),
+        "hsgd:2-4,8-8": TrainConfig(world_size=8, block_size=4, local_steps=2, block_steps=4),
+        "local:8+hostgrad": TrainConfig(world_size=8, block_size=4, local_steps=1,
+                                        block_steps=8, block_gradient_allreduce=True),
+    }
+    for text, cfg in runner.items():
+        assert plan(Scheme.from_train_config(cfg, steps_per_epoch=25)) == plan(text), text
+    # the post-local warm-up of the runner's synchronous baseline is DDP's gradient all-reduce
+    sync_cfg = TrainConfig(world_size=8, local_steps=1, post_local_warmup_epochs=8.0)
+    assert plan(Scheme.from_train_config(sync_cfg, steps_per_epoch=25)) == plan("sync")
