@@ -1,8 +1,14 @@
-"""Communication-time models.
+"""Communication-time and wall-clock models.
 
 Appendix B of Lin et al. (2020) prices one all-reduce among ``p`` devices at ``C·log2(p)``
 (recursive halving and doubling), with ``C = C1`` inside a server and ``C = C2`` across servers
 (``C1 ≪ C2``). Eq. (6) then gives the total communication cost of hierarchical local SGD.
+
+`Cluster` / `modelled_time` price a training run's syncs on a cluster; `Stragglers`,
+`split_waiting` and `timing_summary` serve the torchrun runner. `simulate` predicts the
+wall-clock time of synchronous, local and hierarchical SGD, SlowMo and SGP with stragglers
+(per-worker clocks; a sync releases at its group's slowest member), `plan_schedules` ranks
+schedules for a cluster (``localsgd plan``).
 """
 
 from __future__ import annotations
