@@ -91,6 +91,12 @@ def _dataset_names() -> tuple[str, ...]:
     return IMAGE_DATASETS
 
 
+def _ddp_model_names() -> tuple[str, ...]:
+    from localsgd.bench_ddp import MODELS, SOURCE_MODELS
+
+    return (*MODELS, *SOURCE_MODELS)
+
+
 FLAG = Rule(lambda v: isinstance(v, bool), "True or False")
 DEVICE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|mps|cuda(:\d+)?", v) is not None,
               "'cpu', 'cuda', 'cuda:N' or 'mps'")
@@ -156,6 +162,16 @@ RULES: dict[str, Rule] = {
     "device": DEVICE,
     "batched": FLAG,
     "refresh": FLAG,
+    # dynamo_ddp: eager vs compiled DDP (localsgd.bench_ddp)
+    "ddp_models": list_of(one_of(lazy=_ddp_model_names)),
+    "batches": POSITIVE_INTS,
+    "world_sizes": list_of(integer(2)),
+    "steps_per_window": integer(1),
+    "rounds": integer(1),
+    "warmup_steps": integer(1),
+    "bucket_cap_mb": number(1.0, inclusive=True),
+    "compile_backend": one_of("inductor", "aot_eager"),
+    "process_group": one_of("gloo", "nccl"),
     # blog_hsgd_stragglers: the timing model's inputs (localsgd.timing.simulate)
     "worker_counts": POSITIVE_INTS,
     "straggler_rates": list_of(number(0.0, inclusive=True, maximum=1.0)),
@@ -204,6 +220,11 @@ RULES: dict[str, Rule] = {
         lambda v: isinstance(v, dict) and v.get("model") in ("resnet20", "mlp")
         and _is_number(v.get("width")) and v["width"] > 0 and _is_int(v.get("batch"))
         and v["batch"] >= 1, "a dict {model: 'resnet20' or 'mlp', width: > 0, batch: >= 1}")),
+    # timing_validation (the runner's emulated compute and stragglers) and explore_stragglers
+    "compute_ms": number(0.0),
+    "straggler_rate": number(0.0, inclusive=True, maximum=1.0),
+    "repeats": integer(1),
+    "tolerance": number(0.0, maximum=1.0),
 }
 
 

@@ -1,0 +1,344 @@
+"""The timing model checked against real runs of the torchrun runner (issue 11, item 2).
+
+`localsgd.timing.simulate` predicts the wall-clock time of synchronous, local and hierarchical
+SGD with stragglers. Here the same configurations run for real: ``python -m localsgd.ddp`` with
+``--sweep`` trains a grid of them one after another inside one torchrun launch (one torch
+start-up per world size), gloo on this machine's loopback, compute emulated by a sleep
+(``--compute-ms``) and stragglers emulated as in the PyTorch hierarchical-SGD blog ("Experimental
+Setup": every step each worker stalls for S seconds with probability p; here seeded by
+(seed, rank, step), so every configuration of a launch meets the *same* stalls).
+
+What is fitted and what is predicted (stated in `Calibration` and in every result row):
+
+* **fitted** on one straggler-free run per world size (``calib``: blocks of ``procs_per_node``
+  average every step, the world every 2 steps): the mean per-step compute of a worker and its
+  coefficient of variation (the model's ``compute_ms`` and ``jitter``), and the mean cost of one
+  model average inside a node and across the world, expressed as the model's intra- and
+  inter-node bandwidths with latency 0 (one group size per level cannot separate latency from
+  bandwidth; ``Cluster.allreduce_seconds`` then returns exactly the measured cost);
+* **predicted out of sample**: every run with stragglers, the synchronous baseline (DDP's
+  bucketed gradient all-reduce, priced like a model average of the same bytes) included, with
+  the stalls that run recorded (``stalls=`` of `simulate`: trace-driven) and, for spread, with
+  fresh random draws of the same rate (`predict_random`).
+
+Measured time is the window after ``warm`` steps (a multiple of every period, so each scheme's
+schedule restarts there): slowest worker's end of the last step minus slowest worker's end of
+step ``warm``; speed-ups are against the synchronous run of the same launch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from localsgd.timing import Cluster, Scheme, Stragglers, simulate
+
+__all__ = ["BASE", "Calibration", "calibrate", "grid", "launch", "measure", "predict",
+           "predict_random", "validate"]
+
+# the runner's training set-up: tiny synthetic images, ResNet-20 (1.08 MB of float32
+# parameters: the bytes every all-reduce moves), 2 images per worker and update, one epoch
+# (evaluation only after the last update, outside the measured window)
+BASE = {"dataset": "synthetic", "model": "resnet20", "width": 1.0, "n_test": 16,
+        "eval_batch": 16, "local_batch": 2, "epochs": 1.0, "augment": False, "lr": 0.05,
+        "momentum_scheme": "local"}
+CALIB = "calib"
+SYNC = "sync"
+
+
+def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
+         repeats: int = 1) -> list[dict]:
+    """``--sweep`` entries: per repeat (seed r, so a repeat meets other stalls) the calibration
+    run, synchronous SGD, local SGD for each H and hierarchical SGD for each (H, H^b) with nodes
+    of ``procs_per_node`` workers; repeats interleave (r0's grid, then r1's, ...)."""
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats}: must be >= 1")
+    entries = []
+    for r in range(repeats):
+        sfx = f"_r{r}" if repeats > 1 else ""
+        entries.append({"name": CALIB + sfx, "seed": r, "local_steps": 1,
+                        "block_size": procs_per_node, "block_steps": 2,
+                        "straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []})
+        # DDP's gradient all-reduce every update: post-local SGD's warm-up over the whole run
+        entries.append({"name": SYNC + sfx, "seed": r, "local_steps": 1,
+                        "post_local_warmup_epochs": BASE["epochs"]})
+        entries += [{"name": f"local{h}{sfx}", "seed": r, "local_steps": int(h)}
+                    for h in local_steps]
+        entries += [{"name": f"hier{h}x{hb}{sfx}", "seed": r, "local_steps": int(h),
+                     "block_size": procs_per_node, "block_steps": int(hb)}
+                    for h, hb in hierarchical]
+    return entries
+
+
+def warm_steps(entries: list[dict]) -> int:
+    """Steps before the measured window: the lcm of every period (each schedule restarts)."""
+    periods = [e.get("local_steps", 1) * e.get("block_steps", 1) for e in entries]
+    return max(math.lcm(*periods), 4)
+
+
+def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_ms: float,
+           straggler_seconds: float, straggler_rate: float, base: dict | None = None,
+           timeout: float = 900.0) -> dict:
+    """Run ``entries`` in one ``torchrun --standalone --nproc-per-node workers`` launch of the
+    runner (``--sweep``); ``steps`` updates per run. Returns {"seconds": launch wall time,
+    "warm": steps before the window, "command": the command line}; outputs in ``out/runs``."""
+    import yaml
+
+    if workers < 2:
+        raise ValueError(f"workers={workers}: the runner needs >= 2 processes")
+    out = Path(out)
+    runs = out / "runs"
+    if runs.exists() and any(runs.iterdir()):
+        raise ValueError(f"{runs} holds an earlier launch; use a fresh out directory")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {**BASE, **(base or {}), "world_size": workers}
+    warm = warm_steps(entries)
+    if steps <= warm:
+        raise ValueError(f"steps={steps}: must exceed the {warm} warm-up steps")
+    cfg["n_train"] = workers * cfg["local_batch"] * steps  # one epoch = `steps` updates
+    (out / "base.yaml").write_text(yaml.safe_dump(cfg))
+    (out / "sweep.yaml").write_text(yaml.safe_dump(entries))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(workers), "-m", "localsgd.ddp", "--config", str(out / "base.yaml"),
+           "--sweep", str(out / "sweep.yaml"), "--out", str(runs), "--no-progress", "--fast-exit",
+           "--compute-ms", str(compute_ms), "--straggler-seconds", str(straggler_seconds),
+           "--straggler-rate", str(straggler_rate)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
+    seconds = time.perf_counter() - t0
+    (out / "launch.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the runner failed ({workers} processes, exit {proc.returncode}); "
+                           f"see {out / 'launch.log'}:\n{proc.stderr[-2000:]}")
+    info = {"seconds": seconds, "warm": warm, "steps": steps,
+            "command": " ".join(cmd[1:]).replace(str(out), "OUT")}
+    (out / "launch.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def _timing(run_dir: Path) -> pd.DataFrame:
+    path = Path(run_dir) / "timing.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the run did not finish (see launch.log)")
+    return pd.read_csv(path).sort_values(["rank", "step"])
+
+
+def measure(run_dir: Path, warm: int) -> dict:
+    """The measured window of one run: ``seconds`` (slowest end of the last step minus slowest
+    end of step ``warm``), ``steps``, ``stalls`` ([steps, workers] recorded stall seconds), and
+    per-worker-step ``work_ms`` / ``work_cv`` (compute without the stall, plus the training
+    loop's own time between two updates) and the mean cost of one collective per (kind, group
+    size): ``comm_ms`` {"avg_4": ..., "avg_16": ..., "grad_16": ...}."""
+    df = _timing(run_dir)
+    last = int(df.step.max())
+    if last <= warm:
+        raise ValueError(f"{run_dir}: {last} steps, not more than the {warm} warm-up steps")
+    ends = df.groupby("step").end.max()
+    win = df[df.step > warm].copy()
+    # the loop's time between this update's end and the next one's start is work too
+    win["gap"] = (win.groupby("rank").start.shift(-1) - win.end).fillna(0.0)
+    work = win.compute_s - win.stall_s + win.gap
+    comm = {}
+    sizes = _group_sizes(run_dir)
+    for kind in ("grad", "avg"):
+        sub = win[win[f"{kind}_level"].notna()]
+        for level, part in sub.groupby(f"{kind}_level"):
+            comm[f"{kind}_{sizes[int(level)]}"] = 1e3 * float(part[f"comm_{kind}_s"].mean())
+    stalls = win.pivot(index="step", columns="rank", values="stall_s").to_numpy()
+    return {"seconds": float(ends[last] - ends[warm]), "steps": last - warm,
+            "workers": int(df["rank"].nunique()), "stalls": stalls,
+            "work_ms": 1e3 * float(work.mean()), "work_cv": float(work.std() / work.mean()),
+            "comm_ms": comm}
+
+
+def _group_sizes(run_dir: Path) -> list[int]:
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    n = len([k for k in summary if k.startswith("group_l")])
+    return [int(summary[f"group_l{i}"]) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the model is given, all fitted on one straggler-free run (see module docstring)."""
+
+    workers: int
+    gpus_per_node: int
+    model_mb: float  # bytes of one model / 1e6 (what every all-reduce moves)
+    compute_ms: float  # mean work of a worker per update (emulated compute + the loop's own)
+    jitter: float  # its coefficient of variation across workers and updates
+    intra_ms: float  # mean cost of one model average inside a node of gpus_per_node
+    inter_ms: float  # mean cost of one model average of the whole world
+
+    def _gbps(self, group: int, ms: float) -> float:
+        # latency 0: 2 (g-1)/g * bytes / bandwidth = the measured cost (Cluster's ring term)
+        return 2 * (group - 1) / group * self.model_mb * 8e6 / (ms * 1e-3) / 1e9
+
+    def cluster(self) -> Cluster:
+        return Cluster(gpus_per_node=self.gpus_per_node, latency_s=0.0,
+                       intra_gbps=self._gbps(self.gpus_per_node, self.intra_ms),
+                       inter_gbps=self._gbps(self.workers, self.inter_ms))
+
+    def describe(self) -> str:
+        c = self.cluster()
+        return (f"fitted on the straggler-free run ({self.workers} workers): compute "
+                f"{self.compute_ms:.1f} ms per update (cv {self.jitter:.2f}); one model average "
+                f"{self.intra_ms:.1f} ms in a node of {self.gpus_per_node} "
+                f"({c.intra_gbps:.2f} Gbit/s), {self.inter_ms:.1f} ms across all {self.workers} "
+                f"({c.inter_gbps:.2f} Gbit/s), latency 0")
+
+
+def calibrate(run_dir: Path, warm: int, model_mb: float) -> Calibration:
+    """`Calibration` from the straggler-free run (node averages every step, world every 2)."""
+    m = measure(run_dir, warm)
+    if np.asarray(m["stalls"]).any():
+        raise ValueError(f"{run_dir}: the calibration run must be straggler-free")
+    sizes = _group_sizes(run_dir)
+    if len(sizes) != 2:
+        raise ValueError(f"{run_dir}: the calibration run needs a node level and the world")
+    node, world = sizes
+    return Calibration(workers=world, gpus_per_node=node, model_mb=model_mb,
+                       compute_ms=m["work_ms"], jitter=m["work_cv"],
+                       intra_ms=m["comm_ms"][f"avg_{node}"], inter_ms=m["comm_ms"][f"avg_{world}"])
+
+
+def run_configs(out: Path) -> dict:
+    """name -> the TrainConfig each run of a launch trained (base.yaml + its sweep entry, as
+    the runner resolves them)."""
+    import yaml
+
+    from localsgd.ddp import SWEEP_OPTIONS
+    from localsgd.train import TrainConfig
+
+    base = yaml.safe_load((Path(out) / "base.yaml").read_text())
+    entries = yaml.safe_load((Path(out) / "sweep.yaml").read_text())
+    return {e["name"]: TrainConfig.from_dict(
+        {**base, **{k: v for k, v in e.items() if k != "name" and k not in SWEEP_OPTIONS}})
+        for e in entries}
+
+
+def _scheme(cfg, window: int, name: str) -> Scheme:
+    """The schedule the runner ran for ``cfg`` over a window of ``window`` steps, as a `Scheme`
+    (one epoch is the whole run, so the synchronous run's warm-up covers every step)."""
+    steps_per_epoch = cfg.n_train // (cfg.world_size * cfg.local_batch)
+    return Scheme.from_train_config(cfg, max(steps_per_epoch, window), name=name)
+
+
+def predict(cal: Calibration, schemes: dict[str, Scheme], stalls: np.ndarray,
+            jitter_seeds: int = 5) -> pd.Series:
+    """Predicted seconds of each scheme over ``stalls.shape[0]`` steps with those stalls (the
+    ones the real runs recorded), median over ``jitter_seeds`` draws of the compute jitter."""
+    steps, workers = stalls.shape
+    out = []
+    for seed in range(jitter_seeds):
+        df = simulate(list(schemes.values()), workers=workers, steps=steps,
+                      cluster=cal.cluster(), compute_ms=cal.compute_ms, jitter=cal.jitter,
+                      model_mb=cal.model_mb, stalls=stalls, grad_overlap=0.0,
+                      baseline=False, seed=seed)
+        out.append(df.set_index("scheme")["seconds"])
+    return pd.concat(out, axis=1).median(axis=1).rename("predicted_s")
+
+
+def predict_random(cal: Calibration, schemes: dict[str, Scheme], steps: int,
+                   stragglers: Stragglers, draws: int = 20) -> pd.DataFrame:
+    """Predicted speed-up over ``SYNC`` with fresh random stalls (no trace): median and the
+    10-90 % range over ``draws`` seeds — what the model says before seeing the run's draws."""
+    rows = []
+    for seed in range(draws):
+        df = simulate(list(schemes.values()), workers=cal.workers, steps=steps,
+                      cluster=cal.cluster(), compute_ms=cal.compute_ms, jitter=cal.jitter,
+                      model_mb=cal.model_mb, stragglers=stragglers, grad_overlap=0.0,
+                      baseline=SYNC, seed=1000 + seed)
+        rows.append(df.set_index("scheme")["speedup"])
+    s = pd.concat(rows, axis=1)
+    return pd.DataFrame({"random_speedup": s.median(axis=1),
+                         "random_lo": s.quantile(0.1, axis=1),
+                         "random_hi": s.quantile(0.9, axis=1)})
+
+
+def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: float
+            ) -> tuple[pd.DataFrame, list[Calibration]]:
+    """Measured beside predicted for every run of a launch (``out/runs``); one row per run."""
+    runs = Path(out) / "runs"
+    sweep = pd.read_csv(runs / "sweep.csv")
+    sweep["repeat"] = sweep["seed"]
+    configs = run_configs(out)
+    rows, cals = [], []
+    for _, group in sweep.groupby("repeat"):
+        names = list(group["name"])
+        calib = next(n for n in names if n.startswith(CALIB))
+        sync = next(n for n in names if n.startswith(SYNC))
+        model_mb = float(pd.read_csv(runs / sync / "records.csv")["param_bytes"].iloc[-1]) / 1e6
+        cal = calibrate(runs / calib, warm, model_mb)
+        cals.append(cal)
+        measured = {n: measure(runs / n, warm) for n in names}
+        window = measured[sync]["steps"]
+        stalls = measured[sync]["stalls"]
+        for n in names:
+            if n != calib and not np.array_equal(measured[n]["stalls"], stalls):
+                raise ValueError(f"{n} met other stalls than {sync}: the seeded draws should be "
+                                 "identical within a repeat")
+        label = {n: (SYNC if n == sync else n.rsplit("_r", 1)[0] if "_r" in n else n)
+                 for n in names}
+        schemes = {n: _scheme(configs[n], window, label[n]) for n in names if n != calib}
+        pred = predict(cal, schemes, stalls)
+        calib_pred = predict(cal, {calib: _scheme(configs[calib], window, CALIB)},
+                             np.zeros_like(stalls))
+        rand = predict_random(cal, schemes, window, Stragglers(straggler_seconds, straggler_rate))
+        for n in names:
+            g = group.set_index("name").loc[n]
+            p = calib_pred[CALIB] if n == calib else pred[label[n]]
+            row = {"workers": cal.workers, "repeat": int(g["repeat"]), "run": label[n],
+                   "local_steps": int(g["local_steps"]), "block_steps": int(g["block_steps"]),
+                   "block_size": None if pd.isna(g["block_size"]) else int(g["block_size"]),
+                   "role": "calibration (in sample)" if n == calib else "predicted (out of sample)",
+                   "measured_s": measured[n]["seconds"], "predicted_s": float(p),
+                   "steps": measured[n]["steps"],
+                   "stalls": int((measured[n]["stalls"] > 0).sum())}
+            if n != calib:
+                row.update(rand.loc[label[n]].to_dict())
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    base = df[df.run == SYNC].set_index("repeat")
+    df["measured_speedup"] = df["repeat"].map(base["measured_s"]) / df["measured_s"]
+    df["predicted_speedup"] = df["repeat"].map(base["predicted_s"]) / df["predicted_s"]
+    df["time_error"] = df["predicted_s"] / df["measured_s"] - 1
+    df["speedup_error"] = df["predicted_speedup"] / df["measured_speedup"] - 1
+    df.loc[df.run == CALIB, ["measured_speedup", "predicted_speedup", "speedup_error"]] = np.nan
+    return df, cals
+
+
+def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=(2, 4, 8),
+             hierarchical=((2, 4),), steps: int = 48, compute_ms: float = 60.0,
+             straggler_seconds: float = 0.3, straggler_rate: float = 0.02, repeats: int = 1,
+             timeout: float = 900.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Launch the grid once per world size, then measured beside predicted: (rows, launches)
+    — one row per run, and per launch its wall time, command and `Calibration`."""
+    rows, launches = [], []
+    for w in workers:
+        if w % procs_per_node:
+            raise ValueError(f"workers={w} is not a multiple of procs_per_node={procs_per_node}")
+        entries = grid(procs_per_node, local_steps, hierarchical, repeats)
+        where = Path(out) / f"w{w}"
+        info = launch(entries, w, where, steps=steps, compute_ms=compute_ms,
+                      straggler_seconds=straggler_seconds, straggler_rate=straggler_rate,
+                      timeout=timeout)
+        df, cals = analyse(where, info["warm"], straggler_seconds, straggler_rate)
+        rows.append(df)
+        for cal in cals:
+            launches.append({"workers": w, "launch_s": info["seconds"],
+                             "command": info["command"], **asdict(cal),
+                             "intra_gbps": cal.cluster().intra_gbps,
+                             "inter_gbps": cal.cluster().inter_gbps,
+                             "calibration": cal.describe()})
+    return pd.concat(rows, ignore_index=True), pd.DataFrame(launches)
