@@ -71,11 +71,13 @@ def test_save_figure_writes_everything_and_checks_compare(tmp_path):
 def test_report_joins_on_artifact_setting_metric(tmp_path):
     papers, figs = tmp_path / "papers", tmp_path / "figures"
     (papers / "src1").mkdir(parents=True)
-    pd.DataFrame({"artifact": ["Table 3", "Table 3", "Figure 9", "Figure 9"],
-                  "setting": ["H=1", "H=2", "x", "y"], "metric": ["syncs", "syncs", "acc", "acc"],
-                  "value": [15, 7, 90.0, 91.0], "unit": ["", "", "%", "%"], "note": [""] * 4}
+    pd.DataFrame({"artifact": ["Table 3", "Table 3", "Table 3", "Figure 9", "Figure 9"],
+                  "setting": ["H=1", "H=2", "H=3", "x", "y"],
+                  "metric": ["syncs", "syncs", "syncs", "acc", "acc"],
+                  "value": [15, 7, 3, 90.0, 91.0], "unit": ["", "", "", "%", "%"],
+                  "note": [""] * 5}
                  ).to_csv(papers / "src1" / "reported.csv", index=False)
-    for scale, setting, value in (("full", "H=1", 15), ("reduced", "H=2", 6)):
+    for scale, setting, value in (("full", "H=1", 15), ("reduced", "H=2", 6), ("model", "H=3", 3)):
         results.save_figure(f"f_{setting[-1]}", None, pd.DataFrame({"v": [1]}), out_dir=figs,
                             params={}, mode="quick", scale=scale,
                             compare=pd.DataFrame({"artifact": ["Table 3"], "setting": [setting],
@@ -89,6 +91,7 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     assert table.loc["x", "status"] == report.STATUS_DIFFERS  # per-row scale and tolerance
     assert table.loc["H=1", "status"] == report.STATUS_FULL
     assert table.loc["H=2", "status"] == report.STATUS_REDUCED
+    assert table.loc["H=3", "status"] == report.STATUS_MODEL  # a timing-model prediction
     assert table.loc["H=2", "ours / source"] == pytest.approx(6 / 7)
     assert table.loc["y", "status"] == report.STATUS_NONE
     text = report.write_report(papers, figs).read_text()

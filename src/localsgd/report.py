@@ -22,6 +22,7 @@ STATUS_FULL = "reproduced at full scale"
 STATUS_DIFFERS = "full scale, differs from the source"
 STATUS_REDUCED = "reduced scale, indicative only"
 STATUS_SMOKE = "smoke run only (not a result)"
+STATUS_MODEL = "model prediction, not a measurement"
 STATUS_QUALITATIVE = "full scale, qualitative (see note)"
 STATUS_NONE = "not yet"
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
@@ -71,6 +72,8 @@ def _status(row: pd.Series) -> str:
         return STATUS_NONE
     if row.get("mode") == "smoke":
         return STATUS_SMOKE
+    if row.get("scale") == "model":
+        return STATUS_MODEL
     if row.get("scale") != "full":
         return STATUS_REDUCED
     ours, source = pd.to_numeric(row.get("ours"), errors="coerce"), row.get("value")
@@ -143,11 +146,13 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
          + "** — same configuration, different number: a result, discussed in "
          "`papers/<source>/notes.md`; **" + STATUS_REDUCED + "** — the same experiment at "
          "reduced scale (fewer seeds, steps or a smaller grid), a sanity check, not a "
-         "reproduction; **" + STATUS_NONE + "** — no notebook produces this number yet."),
+         "reproduction; **" + STATUS_MODEL + "** — the timing model's prediction for the "
+         "source's setting (systems results this machine cannot run), not a measurement; **"
+         + STATUS_NONE + "** — no notebook produces this number yet."),
         "",
         "Summary: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in
                                 (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE,
-                                 STATUS_REDUCED, STATUS_SMOKE, STATUS_NONE)) + ".",
+                                 STATUS_REDUCED, STATUS_MODEL, STATUS_SMOKE, STATUS_NONE)) + ".",
         "",
         "## Figures",
         "",

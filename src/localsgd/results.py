@@ -27,7 +27,7 @@ from localsgd import paths
 from localsgd.paths import atomic_path  # re-exported: results.atomic_path is public
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
-SCALES = ("full", "reduced")
+SCALES = ("full", "reduced", "model")  # model: a prediction of the timing model, not a run
 _VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "matplotlib",
               "seaborn", "papermill")
 
