@@ -15,6 +15,7 @@ from localsgd.results import repo_root
 BENCHES = {
     "averaging": "localsgd.bench_averaging",
     "convex": "localsgd.convex.bench",
+    "ddp": "localsgd.bench_ddp",
     "replicas": "localsgd.bench_replicas",
 }
 
