@@ -99,11 +99,11 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     runs = out / "runs"
     if runs.exists() and any(runs.iterdir()):
         raise ValueError(f"{runs} holds an earlier launch; use a fresh out directory")
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = {**BASE, **(base or {}), "world_size": workers}
     warm = warm_steps(entries)
     if steps <= warm:
         raise ValueError(f"steps={steps}: must exceed the {warm} warm-up steps")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {**BASE, **(base or {}), "world_size": workers}
     cfg["n_train"] = workers * cfg["local_batch"] * steps  # one epoch = `steps` updates
     (out / "base.yaml").write_text(yaml.safe_dump(cfg))
     (out / "sweep.yaml").write_text(yaml.safe_dump(entries))

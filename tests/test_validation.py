@@ -1,0 +1,77 @@
+"""The timing model against real runs (`localsgd.validation`): one smoke-sized torchrun launch
+of 4 gloo processes (nodes of 2) — calibration, synchronous SGD, local SGD H = 4 and
+hierarchical SGD (H = 2, H^b = 2) with emulated compute and stragglers — and the model's
+out-of-sample predictions checked against the measured speed-ups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localsgd import validation as v
+from localsgd.timing import Cluster
+
+# Stated tolerance for the smoke size: a 12-update window of 4 workers on a machine shared with
+# other jobs (quick mode, 8 and 16 workers and a 24-update window, claims 10 %)
+SMOKE_TOL = 0.15
+STALL_S, RATE = 0.3, 0.05
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("validation")
+    rows, launches = v.validate([4], out, procs_per_node=2, local_steps=(4,),
+                                hierarchical=((2, 2),), steps=16, compute_ms=30.0,
+                                straggler_seconds=STALL_S, straggler_rate=RATE, timeout=240)
+    return rows.set_index("run"), launches, out / "w4"
+
+
+def test_model_predicts_measured_speedups_of_real_runs(smoke):
+    rows, launches, _ = smoke
+    assert list(rows.index) == ["calib", "sync", "local4", "hier2x2"]
+    assert (rows.drop("calib").stalls > 0).all()  # seed 0's draws: the same stalls in every run
+    assert rows.loc["calib", "stalls"] == 0
+    # stalls are absorbed between averages: local SGD measurably faster than synchronous SGD
+    assert rows.loc["local4", "measured_speedup"] > 1.1, rows.measured_speedup
+    for run in ("local4", "hier2x2"):  # out of sample: nothing of these runs was fitted
+        err = rows.loc[run, "speedup_error"]
+        assert abs(err) <= SMOKE_TOL, (run, rows.loc[run, ["measured_speedup",
+                                                          "predicted_speedup"]].to_dict())
+    # the synchronous baseline's own time (DDP gradient all-reduce, priced from model averages)
+    assert abs(rows.loc["sync", "time_error"]) <= SMOKE_TOL, rows.time_error
+    assert abs(rows.loc["calib", "time_error"]) <= 0.1  # in sample
+    cal = launches.iloc[0]
+    assert 30.0 < cal.compute_ms < 60.0 and cal.intra_ms > 0 and cal.inter_ms > 0
+    assert "--sweep" in cal.command and "--nproc-per-node 4" in cal.command
+
+
+def test_calibration_prices_exactly_the_measured_collectives(smoke):
+    _, launches, where = smoke
+    cal = v.calibrate(where / "runs" / "calib", 4, launches.iloc[0].model_mb)
+    cluster = cal.cluster()
+    nbytes = cal.model_mb * 1e6
+    assert cluster.latency_s == 0 and cluster.gpus_per_node == 2
+    assert cluster.allreduce_seconds(2, nbytes, 4) == pytest.approx(cal.intra_ms / 1e3)
+    assert cluster.allreduce_seconds(4, nbytes, 4) == pytest.approx(cal.inter_ms / 1e3)
+    # ResNet-20's float32 parameters are what every all-reduce moved
+    assert cal.model_mb == pytest.approx(0.269722 * 4, rel=1e-3)
+    with pytest.raises(ValueError, match="straggler-free"):
+        v.calibrate(where / "runs" / "sync", 4, cal.model_mb)
+    m = v.measure(where / "runs" / "local4", 4)
+    assert m["stalls"].shape == (12, 4) and set(np.unique(m["stalls"])) <= {0.0, STALL_S}
+
+
+def test_grid_interleaves_repeats_and_warms_up_to_every_period():
+    entries = v.grid(4, local_steps=(2, 8), hierarchical=((2, 4),), repeats=2)
+    names = [e["name"] for e in entries]
+    assert names == ["calib_r0", "sync_r0", "local2_r0", "local8_r0", "hier2x4_r0",
+                     "calib_r1", "sync_r1", "local2_r1", "local8_r1", "hier2x4_r1"]
+    assert {e["seed"] for e in entries[5:]} == {1}
+    assert entries[0]["straggler_rate"] == 0 and entries[0]["block_size"] == 4
+    assert v.warm_steps(entries) == 8
+    with pytest.raises(ValueError, match="repeats"):
+        v.grid(4, repeats=0)
+    with pytest.raises(ValueError, match="exceed"):
+        v.launch(entries, 4, "unused", steps=8, compute_ms=1, straggler_seconds=0,
+                 straggler_rate=0)
+    assert isinstance(v.Calibration(8, 4, 1.0, 50.0, 0.1, 10.0, 20.0).cluster(), Cluster)
