@@ -110,8 +110,10 @@ def test_slowmo_summary_on_real_tiny_runs():
 
 
 def test_breakeven_benchmark_measures_both_sides_of_the_rule():
-    df = ex.breakeven_benchmark([{"model": "mlp", "width": 32, "batch": 2}], world_size=2,
-                                frequency=3, repeats=2)
+    df = ex.breakeven_benchmark([{"model": "mlp", "width": 32, "batch": 2},
+                                 {"model": "embedding", "width": 100, "batch": 2}],
+                                world_size=2, frequency=3, repeats=2)
+    assert df.param_bytes.iloc[1] == 4 * (100 * 256 + 256 * 10 + 10)
     row = df.iloc[0]
     assert row.param_bytes == 4 * (3072 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10)
     for col in ("fwd_s", "bwd_s", "allreduce_s", "ddp_step_s", "local_step_s"):

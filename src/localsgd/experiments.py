@@ -485,6 +485,9 @@ def slowmo_summary(records: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+BENCH_MODELS = ("resnet20", "mlp", "embedding")
+
+
 def _mlp(width: int):
     from torch import nn
 
@@ -492,11 +495,35 @@ def _mlp(width: int):
                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
+class _BagOfTokens:
+    """A byte-heavy, compute-light model (an embedding table, as in the NLP models the SlowMo page
+    targets): 64 token ids per image from its pixels, mean of their embeddings, a linear head."""
+
+    def __new__(cls, rows: int, dim: int = 256):
+        import torch
+        from torch import nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(rows, dim)
+                self.head = nn.Linear(dim, 10)
+
+            def forward(self, x):
+                ids = (x.flatten(1)[:, :64].abs() * 997).long() % rows
+                return self.head(self.emb(ids).mean(1))
+
+        torch.manual_seed(0)
+        return Net()
+
+
 def _bench_model(spec: dict):
     from localsgd.models import build_model
 
     if spec["model"] == "mlp":
         return _mlp(int(spec["width"]))
+    if spec["model"] == "embedding":
+        return _BagOfTokens(int(spec["width"]))
     return build_model(spec["model"], width=float(spec.get("width", 1.0)))
 
 
@@ -586,7 +613,8 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
     ``t_allreduce · (1 − 1/localsgd_frequency) > t_backward``, from DDP's step being bound by
     max(t_backward, t_allreduce) (overlapped) and local SGD's by t_backward + t_allreduce/f
     (not overlapped). ``specs`` are dicts ``{"model": "resnet20"|"mlp", "width", "batch"}``
-    (the MLP moves many bytes for little compute). ``world_size`` processes each time, with
+    (the MLP moves many bytes for moderate compute; "embedding" — a bag-of-tokens embedding
+    table of ``width`` rows × 256 — many bytes for almost no compute). ``world_size`` processes each time, with
     barriers around every phase and medians over ``repeats``: a backward pass, an all-reduce of
     the model's bytes, a DDP step (gradient all-reduce overlapped with backward) and a local SGD
     step (f updates + one parameter all-reduce, per update). Returns one row per spec with the
@@ -601,8 +629,8 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
     if world_size < 2:
         raise ValueError(f"world_size={world_size}: the rule needs >= 2 processes to all-reduce")
     for spec in specs:
-        if spec.get("model") not in ("mlp", "resnet20") or int(spec.get("batch", 0)) < 1:
-            raise ValueError(f"spec {spec}: need model 'mlp' or 'resnet20', width and batch >= 1")
+        if spec.get("model") not in BENCH_MODELS or int(spec.get("batch", 0)) < 1:
+            raise ValueError(f"spec {spec}: need model in {BENCH_MODELS}, width and batch >= 1")
     with socket.socket() as sock:  # a free port for the rendezvous
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
