@@ -18,25 +18,25 @@ from localsgd.timing import Cluster, modelled_time
 from localsgd.train import TrainConfig, run_cached
 
 __all__ = [
-    "claim_verdict",
-    "dataset_available",
-    "momentum_config",
-    "run_grid",
-    "scaling_table",
-    "speedup_table",
-    "step_costs_from_running_times",
-    "table01_configs",
-    "time_to_accuracy",
-    "with_time",
     "Table02Fit",
     "barrier_time_per_update",
     "breakeven_benchmark",
+    "claim_verdict",
+    "dataset_available",
     "fit_step_costs",
+    "momentum_config",
+    "run_grid",
+    "scaling_table",
     "slowmo_configs",
     "slowmo_summary",
+    "speedup_table",
+    "step_costs_from_running_times",
+    "table01_configs",
     "table02_fit",
     "table02_reported",
+    "time_to_accuracy",
     "update_and_sync_counts",
+    "with_time",
 ]
 
 
@@ -612,13 +612,14 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
     The page (shared/seeds/001, "Best practices"): SlowMo over local SGD pays when
     ``t_allreduce · (1 − 1/localsgd_frequency) > t_backward``, from DDP's step being bound by
     max(t_backward, t_allreduce) (overlapped) and local SGD's by t_backward + t_allreduce/f
-    (not overlapped). ``specs`` are dicts ``{"model": "resnet20"|"mlp", "width", "batch"}``
+    (not overlapped). ``specs`` are dicts ``{"model": "resnet20"|"mlp"|"embedding", "width", "batch"}``
     (the MLP moves many bytes for moderate compute; "embedding" — a bag-of-tokens embedding
-    table of ``width`` rows × 256 — many bytes for almost no compute). ``world_size`` processes each time, with
-    barriers around every phase and medians over ``repeats``: a backward pass, an all-reduce of
-    the model's bytes, a DDP step (gradient all-reduce overlapped with backward) and a local SGD
-    step (f updates + one parameter all-reduce, per update). Returns one row per spec with the
-    rule's prediction and the measured answer (``local_pays``: local step < DDP step).
+    table of ``width`` rows × 256 — many bytes for almost no compute). ``world_size`` processes
+    each time, with barriers around every phase and medians over ``repeats``: a backward pass,
+    an all-reduce of the model's bytes, a DDP step (gradient all-reduce overlapped with
+    backward) and a local SGD step (f updates + one parameter all-reduce, per update). Returns
+    one row per spec with the rule's prediction and the measured answer (``local_pays``: local
+    step < DDP step).
     """
     import json
     import socket

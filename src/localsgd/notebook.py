@@ -219,7 +219,8 @@ RULES: dict[str, Rule] = {
     "breakeven_specs": list_of(Rule(
         lambda v: isinstance(v, dict) and v.get("model") in ("resnet20", "mlp", "embedding")
         and _is_number(v.get("width")) and v["width"] > 0 and _is_int(v.get("batch"))
-        and v["batch"] >= 1, "a dict {model: 'resnet20', 'mlp' or 'embedding', width: > 0, batch: >= 1}")),
+        and v["batch"] >= 1,
+        "a dict {model: 'resnet20', 'mlp' or 'embedding', width: > 0, batch: >= 1}")),
     # timing_validation (the runner's emulated compute and stragglers) and explore_stragglers
     "compute_ms": number(0.0),
     "straggler_rate": number(0.0, inclusive=True, maximum=1.0),
