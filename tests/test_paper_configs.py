@@ -123,3 +123,23 @@ def test_table06_07_paper_yaml():
         want = sorted(tuple(float(x.split("=")[1]) for x in s.split("; ")[:2]) for s in cells.setting)
         assert sorted(map(tuple, grid)) == want
         assert all(s.endswith(f"H={H}") for s in cells.setting)
+
+
+def test_fig08_paper_yaml():
+    p = paper("fig08_imagenet")
+    s = "ImageNet; ResNet-50"
+    assert p["dataset"] == "imagenet" and p["model"] == "resnet50" and p["width"] == 1.0
+    assert p["n_train"] is None and p["n_test"] is None and p["image_size"] == 224
+    assert p["nodes"] == value("Figure 8", "setup", "nodes")
+    assert p["gpus_per_node"] == value("Figure 8", "setup", "GPUs per node")
+    assert p["H"] == value("Figure 8", "setup", "H")
+    assert p["B_loc"] == value("Section 4.2.2", s, "B_loc")
+    assert p["epochs"] == value("Section 4.2.2", s, "epochs")
+    assert p["lr"] == value("Section 4.2.2", s, "base learning rate")
+    assert p["base_batch"] == value("Section 4.2.2", s, "base batch size")
+    assert p["warmup_epochs"] == value("Section 4.2.2", s, "learning rate warm-up")
+    decays = [value("Section 4.2.2", f"{s}; decay={i}", "learning rate decay epoch") for i in (1, 2, 3)]
+    assert [round(f * p["epochs"], 3) for f in p["decay_fractions"]] == decays
+    # footnote 4: H = 1, 2, 4 in epochs 1-3, then the target 8 -- the schedule's exponential warm-up
+    warm = [value("Section 4.2.2", f"ImageNet; local-step warm-up; epoch={e}", "H") for e in (1, 2, 3)]
+    assert warm == [2 ** e for e in range(p["local_step_warmup_epochs"])] and 2 * warm[-1] == p["H"]
