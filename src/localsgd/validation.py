@@ -56,15 +56,15 @@ SYNC = "sync"
 
 
 def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
-         repeats: int = 1) -> list[dict]:
-    """``--sweep`` entries: per repeat (seed r, so a repeat meets other stalls) the calibration
+         repeats: int = 1, seed: int = 0) -> list[dict]:
+    """``--sweep`` entries: per repeat r (seed + r: a repeat meets other stalls) the calibration
     run, synchronous SGD, local SGD for each H and hierarchical SGD for each (H, H^b) with nodes
     of ``procs_per_node`` workers; repeats interleave (r0's grid, then r1's, ...)."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: must be >= 1")
     entries = []
-    for r in range(repeats):
-        sfx = f"_r{r}" if repeats > 1 else ""
+    for r in range(seed, seed + repeats):
+        sfx = f"_r{r - seed}" if repeats > 1 else ""
         entries.append({"name": CALIB + sfx, "seed": r, "local_steps": 1,
                         "block_size": procs_per_node, "block_steps": 2,
                         "straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []})
@@ -321,14 +321,14 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
 def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=(2, 4, 8),
              hierarchical=((2, 4),), steps: int = 48, compute_ms: float = 60.0,
              straggler_seconds: float = 0.3, straggler_rate: float = 0.02, repeats: int = 1,
-             timeout: float = 900.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+             seed: int = 0, timeout: float = 900.0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Launch the grid once per world size, then measured beside predicted: (rows, launches)
     — one row per run, and per launch its wall time, command and `Calibration`."""
     rows, launches = [], []
     for w in workers:
         if w % procs_per_node:
             raise ValueError(f"workers={w} is not a multiple of procs_per_node={procs_per_node}")
-        entries = grid(procs_per_node, local_steps, hierarchical, repeats)
+        entries = grid(procs_per_node, local_steps, hierarchical, repeats, seed)
         where = Path(out) / f"w{w}"
         info = launch(entries, w, where, steps=steps, compute_ms=compute_ms,
                       straggler_seconds=straggler_seconds, straggler_rate=straggler_rate,
