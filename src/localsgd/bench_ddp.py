@@ -10,9 +10,10 @@ parameter boundaries so each piece's backward releases its bucket. The post repo
 up to 25 % slower than eager without the splitting, and with it "never more than 1 % slower" and
 "up to 15 % faster" (64 A100s, 8 nodes, NCCL over EFA, TorchInductor).
 
-``localsgd bench ddp --world 2 --models ffn_s ffn_m --json`` runs, for every world size, one
-group of gloo CPU processes (`localsgd.distributed.spawn`, one thread each); every process
-builds one DDP model per mode from the same seed:
+``localsgd bench ddp --world 2 4 --models ffn_s ffn_m --json`` starts ``max(world)`` gloo CPU
+processes (`localsgd.distributed.spawn`, one thread each); for every world size the first
+``world`` of them form a process group (the others wait) and build one DDP model per mode from the
+same seed:
 
 * ``eager``: DDP as is;
 * ``ddp_optimizer``: ``torch.compile(ddp)`` with graph splitting at bucket boundaries;
@@ -65,8 +66,9 @@ __all__ = ["MODELS", "MODES", "SOURCE_MODELS", "BenchConfig", "BenchResult", "ma
 
 MODES = ("eager", "ddp_optimizer", "no_optimization")
 COMPILED = ("ddp_optimizer", "no_optimization")
-# name -> (width, residual blocks): parameters ~ 4 * width^2 * blocks floats
-MODELS = {"ffn_xs": (128, 2), "ffn_s": (256, 4), "ffn_m": (512, 4), "ffn_l": (1024, 4)}
+# name -> (width, residual blocks): 4 * width^2 + 3 * width floats per block (4 MiB at 512).
+# One width: the sizes share their generated kernels, so inductor compiles them once.
+MODELS = {"ffn_s": (512, 1), "ffn_m": (512, 4), "ffn_l": (512, 8)}
 # the source's six torchbench models ("Benchmark configuration"): paper mode only, needs GPUs
 SOURCE_MODELS = ("resnet50", "hf_T5", "hf_T5_large", "timm_vision_transformer_large",
                  "hf_GPT2_large", "hf_Bert")
@@ -109,8 +111,9 @@ def build_model(name: str) -> FFNStack:
 
 
 def model_mib(name: str) -> float:
+    """MiB of float32 parameters (what DDP all-reduces per step)."""
     width, blocks = MODELS[name]
-    n = blocks * (2 * width * width + 2 * width + width) + width * CLASSES + CLASSES
+    n = blocks * (4 * width * width + 3 * width) + width * CLASSES + CLASSES
     return n * 4 / 2**20
 
 
@@ -182,8 +185,8 @@ class BenchConfig:
 class _BucketLog:
     """State of the timestamping comm hook: per bucket (index, bytes, ready, done)."""
 
-    def __init__(self, world: int):
-        self.world = world
+    def __init__(self, world: int, group=None):
+        self.world, self.group = world, group
         self.events: list[list] = []
 
 
@@ -193,7 +196,7 @@ def _timed_allreduce_hook(state, bucket):  # DDP compares annotations: leave the
     rec = [bucket.index(), buf.numel() * buf.element_size(), time.perf_counter(), None]
     state.events.append(rec)
     buf.div_(state.world)
-    fut = dist.all_reduce(buf, async_op=True).get_future()
+    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
 
     def done(f):
         rec[3] = time.perf_counter()
@@ -205,15 +208,16 @@ def _timed_allreduce_hook(state, bucket):  # DDP compares annotations: leave the
 class _Runner:
     """One mode's DDP model, optimizer and compiled forward in this process."""
 
-    def __init__(self, mode: str, model_name: str, cfg: BenchConfig, world: int):
+    def __init__(self, mode: str, model_name: str, cfg: BenchConfig, world: int, group=None):
         from torch._dynamo.backends.registry import lookup_backend
         from torch.nn.parallel import DistributedDataParallel
 
         self.mode = mode
         torch.manual_seed(cfg.seed)  # every mode and rank starts from the same weights
         self.model = build_model(model_name)
-        self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cfg.bucket_cap_mb)
-        self.log = _BucketLog(world)
+        self.ddp = DistributedDataParallel(self.model, bucket_cap_mb=cfg.bucket_cap_mb,
+                                           process_group=group)
+        self.log = _BucketLog(world, group)
         self.ddp.register_comm_hook(self.log, _timed_allreduce_hook)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=0.9)
         self.graphs: list[int] = []  # nodes per compiled (sub)graph
@@ -283,21 +287,32 @@ def _compute_nodes(root) -> list:
     return out
 
 
-def _worker(rank: int, world: int, cfg_dict: dict) -> dict:
-    """One process: every model, every mode, interleaved windows (see module docstring)."""
+def _worker(rank: int, procs: int, cfg_dict: dict) -> dict:
+    """One process of ``max(world_sizes)``: for every world size the first ``world`` ranks run
+    every model and mode in a subgroup while the others wait at a barrier (one start-up and one
+    inductor initialisation per process for all world sizes)."""
     cfg = BenchConfig(**cfg_dict)
     torch.set_num_threads(cfg.threads)
-    rows: list[dict] = []
-    events: list[dict] = []
-    meta: list[dict] = []
+    out: dict[str, list] = {"rows": [], "events": [], "meta": []}
+    for world in sorted({int(w) for w in cfg.world_sizes}):
+        group = None if world == procs else dist.new_group(list(range(world)))  # collective
+        if rank < world:
+            _run_world(rank, world, group, cfg, out)
+        dist.barrier()
+    return out
+
+
+def _run_world(rank: int, world: int, group, cfg: BenchConfig, out: dict) -> None:
+    """Every model and mode on ``world`` ranks (see module docstring); appends to ``out``."""
+    rows, events, meta = out["rows"], out["events"], out["meta"]
     for model_name, batch in zip(cfg.models, cfg.batches(), strict=True):
-        runners = {m: _Runner(m, model_name, cfg, world) for m in cfg.modes}
+        runners = {m: _Runner(m, model_name, cfg, world, group) for m in cfg.modes}
         g = torch.Generator().manual_seed(1000 * cfg.seed + rank)  # this rank's data
         width = MODELS[model_name][0]
         batches = [(torch.randn(batch, width, generator=g),
                     torch.randint(0, CLASSES, (batch,), generator=g)) for _ in range(4)]
         for mode, r in runners.items():
-            dist.barrier()
+            dist.barrier(group=group)
             for i in range(cfg.warmup):
                 out = r.step(batches)
                 rows.append({"model": model_name, "world": world, "rank": rank, "mode": mode,
@@ -311,7 +326,7 @@ def _worker(rank: int, world: int, cfg_dict: dict) -> dict:
         for rnd in range(cfg.rounds):
             k = rnd % len(order)
             for mode in order[k:] + order[:k]:  # rotate: no mode always follows another
-                dist.barrier()
+                dist.barrier(group=group)
                 for _ in range(cfg.steps):
                     out = runners[mode].step(batches)
                     rows.append({"model": model_name, "world": world, "rank": rank,
@@ -327,7 +342,6 @@ def _worker(rank: int, world: int, cfg_dict: dict) -> dict:
                                        "compute_end_ms": out["_compute_end_ms"]})
         del runners
         torch._dynamo.reset()  # the next model compiles from scratch, not as a recompile
-    return {"rows": rows, "events": events, "meta": meta}
 
 
 def _public(out: dict) -> dict:
@@ -409,12 +423,11 @@ def run(cfg: BenchConfig | None = None, *, timeout: float = 600.0, **overrides) 
     os.environ.update(env)
     rows, events, metas = [], [], []
     try:
-        for world in cfg.world_sizes:
-            for res in spawn(_worker, int(world), asdict(cfg), threads=cfg.threads,
-                             timeout=timeout):
-                rows += res["rows"]
-                events += res["events"]
-                metas += res["meta"]
+        for res in spawn(_worker, max(int(w) for w in cfg.world_sizes), asdict(cfg),
+                         threads=cfg.threads, timeout=timeout):
+            rows += res["rows"]
+            events += res["events"]
+            metas += res["meta"]
     finally:
         for k, v in saved.items():
             if v is None:
