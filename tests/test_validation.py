@@ -75,3 +75,17 @@ def test_grid_interleaves_repeats_and_warms_up_to_every_period():
         v.launch(entries, 4, "unused", steps=8, compute_ms=1, straggler_seconds=0,
                  straggler_rate=0)
     assert isinstance(v.Calibration(8, 4, 1.0, 50.0, 0.1, 10.0, 20.0).cluster(), Cluster)
+
+
+def test_hosts_running_ahead_of_an_emulated_device_queue():
+    # blog_hsgd_stragglers' mechanism: averaging hosts one step ahead of their device (Q = 2)
+    # beside a blocking DDP baseline; real gloo processes, the device queue a thread
+    table = v.queue_experiment(workers=4, steps=16, compute_ms=30.0, stall_s=STALL_S, rate=RATE,
+                               schemes=v.queue_schemes((4,))).set_index(["scheme", "Q"])
+    assert table.stalls.iloc[0] > 0
+    q1, q2 = table.loc[("local:4", 1)], table.loc[("local:4", 2)]
+    assert q2.measured_speedup > q1.measured_speedup  # a stall is served while the device waits
+    assert q2.predicted_speedup > q1.predicted_speedup
+    for row in (q1, q2):
+        assert abs(row.speedup_error) <= SMOKE_TOL, table[["measured_speedup",
+                                                           "predicted_speedup"]]

@@ -226,6 +226,7 @@ RULES: dict[str, Rule] = {
     "straggler_rate": number(0.0, inclusive=True, maximum=1.0),
     "repeats": integer(1),
     "tolerance": number(0.0, maximum=1.0),
+    "queue_test": FLAG,
     "workers": integer(1),
     "Hb": integer(1),
 }

@@ -181,7 +181,10 @@ class Calibration:
     inter_ms: float  # mean cost of one model average of the whole world
 
     def _gbps(self, group: int, ms: float) -> float:
-        # latency 0: 2 (g-1)/g * bytes / bandwidth = the measured cost (Cluster's ring term)
+        # latency 0: 2 (g-1)/g * bytes / bandwidth = the measured cost (Cluster's ring term);
+        # a node of one worker never communicates inside (any bandwidth will do)
+        if group < 2:
+            return 1e9
         return 2 * (group - 1) / group * self.model_mb * 8e6 / (ms * 1e-3) / 1e9
 
     def cluster(self) -> Cluster:
@@ -191,10 +194,11 @@ class Calibration:
 
     def describe(self) -> str:
         c = self.cluster()
+        node = (f"{self.intra_ms:.1f} ms in a node of {self.gpus_per_node} "
+                f"({c.intra_gbps:.2f} Gbit/s), " if self.gpus_per_node > 1 else "")
         return (f"fitted on the straggler-free run ({self.workers} workers): compute "
                 f"{self.compute_ms:.1f} ms per update (cv {self.jitter:.2f}); one model average "
-                f"{self.intra_ms:.1f} ms in a node of {self.gpus_per_node} "
-                f"({c.intra_gbps:.2f} Gbit/s), {self.inter_ms:.1f} ms across all {self.workers} "
+                f"{node}{self.inter_ms:.1f} ms across all {self.workers} "
                 f"({c.inter_gbps:.2f} Gbit/s), latency 0")
 
 
@@ -342,3 +346,135 @@ def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=
                              "inter_gbps": cal.cluster().inter_gbps,
                              "calibration": cal.describe()})
     return pd.concat(rows, ignore_index=True), pd.DataFrame(launches)
+
+
+# ----------------------------------------------------------------------------------------------
+# The blog notebook's mechanism, tested for real: hosts that run ahead of their devices
+# ----------------------------------------------------------------------------------------------
+#
+# blog_hsgd_stragglers names one mechanism that would close the gap between the model and the
+# blog's speed-ups: in the averaging schemes a host may have Q = 2 steps in flight on its GPU
+# (CUDA's asynchronous queue: a collective blocks the device stream, not the host), so a host
+# whose device waits for another worker's stall enqueues its next step and serves its own stall
+# meanwhile, while the DDP baseline's host blocks at every step. The CPU runner has no device
+# queue, so this experiment gives each process one: a "device" thread that executes, in order,
+# compute (a sleep) and world all-reduces of the model's bytes over gloo; the host thread
+# stalls (the same seeded draws as the runner) and enqueues, blocking only when Q steps are in
+# flight. Real processes, real collectives, real sleeps; the device queue is emulated.
+
+QUEUE_SCHEMES = (("calib", 1, 1), ("sync", 1, 1), ("local:2", 2, 1), ("local:2", 2, 2),
+                 ("local:8", 8, 1), ("local:8", 8, 2))  # (scheme, H, steps in flight Q)
+QUEUE_MODEL_MB = 1.078888  # ResNet-20's float32 parameters, as in the runner's runs
+
+
+def _queue_worker(rank: int, world: int, schemes, steps: int, compute_ms: float,
+                  stall_s: float, rate: float, seed: int, model_mb: float) -> list[dict]:
+    import queue as queue_mod
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    tensor = torch.zeros(max(1, int(model_mb * 1e6 / 4)))
+    ops: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
+    cv = threading.Condition()
+    state = {"finished": 0, "compute": [], "comm": []}
+
+    def device() -> None:
+        while (op := ops.get()) is not None:
+            kind, arg = op
+            t = time.perf_counter()
+            if kind == "compute":
+                time.sleep(arg)
+                state["compute"].append(time.perf_counter() - t)
+            elif kind == "allreduce":
+                dist.all_reduce(tensor)
+                state["comm"].append(time.perf_counter() - t)
+            else:  # the step's last op: the host may now start step arg + Q
+                with cv:
+                    state["finished"] = arg
+                    cv.notify_all()
+
+    def wait_for(step: int) -> None:
+        with cv:
+            cv.wait_for(lambda: state["finished"] >= step)
+
+    thread = threading.Thread(target=device, daemon=True)
+    thread.start()
+    out = []
+    for name, h, q in schemes:
+        stalls = Stragglers(0.0 if name == "calib" else stall_s, rate, seed=seed)
+        state.update(finished=0, compute=[], comm=[])
+        dist.barrier()
+        start = time.time()
+        for t in range(1, steps + 1):
+            if t > q:
+                wait_for(t - q)
+            s = stalls.stall(rank, t)
+            if s:
+                time.sleep(s)  # the host stalls (the blog's sleep); queued device work runs on
+            ops.put(("compute", compute_ms / 1e3))
+            if name == "sync" or t % h == 0:
+                ops.put(("allreduce", None))
+            ops.put(("done", t))
+        wait_for(steps)
+        out.append({"scheme": name, "H": h, "Q": q, "rank": rank, "start": start,
+                    "end": time.time(), "compute_s": list(state["compute"]),
+                    "comm_s": list(state["comm"])})
+    ops.put(None)
+    thread.join()
+    return out
+
+
+def queue_schemes(local_steps=(2, 8), depths=(1, 2)) -> list[tuple[str, int, int]]:
+    """calib, sync, then local:H for each H at each queue depth Q."""
+    return [("calib", 1, 1), ("sync", 1, 1)] + [(f"local:{h}", int(h), int(q))
+                                                for h in local_steps for q in depths]
+
+
+def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0,
+                     stall_s: float = 0.3, rate: float = 0.03, seed: int = 0,
+                     model_mb: float = QUEUE_MODEL_MB, schemes=QUEUE_SCHEMES) -> pd.DataFrame:
+    """Measured beside predicted for `QUEUE_SCHEMES`: one row per (scheme, Q) with measured and
+    predicted seconds and speed-ups over ``sync`` (Q = 1). Fitted on the straggler-free
+    ``calib`` run (local SGD H = 1, Q = 1): mean compute op and median all-reduce op; the model
+    is `simulate` with ``queue_steps`` = Q for the averaging scheme, 1 for the baseline, the same
+    stall draws (``runner_stalls``), nothing overlapped (``grad_overlap=0``)."""
+    from localsgd.distributed import spawn
+
+    res = spawn(_queue_worker, workers, list(schemes), steps, compute_ms, stall_s, rate, seed,
+                model_mb, timeout=600)
+    rows = [r for per_rank in res for r in per_rank]
+    df = pd.DataFrame(rows)
+    calib = df[df.scheme == "calib"]
+    compute = float(np.mean([x for xs in calib.compute_s for x in xs]))
+    cv = float(np.std([x for xs in calib.compute_s for x in xs]) / compute)
+    comm = float(np.median([x for xs in calib.comm_s for x in xs]))
+    cal = Calibration(workers=workers, gpus_per_node=1, model_mb=model_mb,
+                      compute_ms=1e3 * compute, jitter=cv, intra_ms=1e3 * comm,
+                      inter_ms=1e3 * comm)
+    measured = df.groupby(["scheme", "Q"], sort=False).agg(start=("start", "min"),
+                                                          end=("end", "max"))
+    measured["measured_s"] = measured.end - measured.start
+    stalls = Stragglers(stall_s, rate, seed=seed)
+    out = []
+    for (name, q), m in measured.iterrows():
+        if name == "calib":
+            continue
+        kwargs = {"workers": workers, "steps": steps, "cluster": cal.cluster(),
+                  "compute_ms": cal.compute_ms, "jitter": cal.jitter, "model_mb": model_mb,
+                  "stragglers": stalls, "runner_stalls": True, "grad_overlap": 0.0,
+                  "queue_steps": int(q), "sync_queue_steps": 1, "baseline": "sync"}
+        pred = simulate(["sync", name] if name != "sync" else ["sync"], **kwargs)
+        out.append({"scheme": name, "Q": int(q), "measured_s": m.measured_s,
+                    "predicted_s": float(pred.set_index("scheme").loc[name, "seconds"])})
+    table = pd.DataFrame(out)
+    table["workers"], table["steps"] = workers, steps
+    table["stalls"] = int(sum(stalls.stall(r, t) > 0 for r in range(workers)
+                              for t in range(1, steps + 1)))
+    base = table[table.scheme == "sync"].iloc[0]
+    table["measured_speedup"] = base.measured_s / table.measured_s
+    table["predicted_speedup"] = base.predicted_s / table.predicted_s
+    table["speedup_error"] = table.predicted_speedup / table.measured_speedup - 1
+    table.attrs["calibration"] = cal.describe()
+    return table
