@@ -41,6 +41,10 @@ def test_table02_fit_explains_h_up_to_32_not_beyond():
     assert fit.fit_hs == (1, 2, 4, 8, 16, 32)
     assert 0.05 < fit.compute_s < 0.08 and 0.08 < fit.sync_s < 0.12
     assert tab[tab.used].residual_pct.abs().max() < 4.0  # the fitted rows: within 4 %
+    # leave-one-out: each fitted row predicted by a fit on the other five, within 6 %
+    loo_err = (tab.loo_minutes / tab.minutes - 1)[tab.used].abs()
+    assert loo_err.max() < 0.06 and (tab.loo_minutes != tab.model_minutes)[tab.used].all()
+    assert (tab.loo_minutes == tab.model_minutes)[~tab.used].all()
     beyond = tab[~tab.used]
     assert (beyond.residual_pct < -10).all()  # the model cannot rise again beyond H = 32
     # the cluster reproduces the fitted sync cost for the 16-worker all-reduce of ResNet-20

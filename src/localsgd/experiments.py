@@ -299,7 +299,9 @@ class Table02Fit:
     """Per-update compute ``compute_s`` and per-round cost ``sync_s`` fitted to Table 2.
 
     ``table`` has one row per H: updates, syncs, the paper's minutes, the model's minutes, the
-    residual (model − paper, minutes and %) and whether the row was fitted (``used``).
+    residual (model − paper, minutes and %), whether the row was fitted (``used``) and
+    ``loo_minutes``: for a fitted row, the prediction of a fit on the other fitted rows
+    (leave-one-out); for the others, the model's minutes.
     """
 
     compute_s: float
@@ -363,6 +365,14 @@ def table02_fit(fit_max_h: int = 32, *, papers_dir: str | None = None) -> Table0
     tab["model_minutes"] = (tab.updates * coef["compute_s"] + tab.syncs * coef["sync_s"]) / 60
     tab["residual_min"] = tab.model_minutes - tab.minutes
     tab["residual_pct"] = 100 * tab.residual_min / tab.minutes
+    # out-of-sample check of the fitted rows: each predicted from a fit on the others
+    loo = tab.model_minutes.copy()
+    if len(used) > 2:
+        for i in used.index:
+            rest = used.drop(index=i)
+            c = fit_step_costs(rest.updates, rest.syncs, rest.minutes * 60)
+            loo[i] = (tab.updates[i] * c["compute_s"] + tab.syncs[i] * c["sync_s"]) / 60
+    tab["loo_minutes"] = loo
     return Table02Fit(coef["compute_s"], coef["sync_s"], tuple(int(h) for h in used.H), tab,
                       resnet20_param_bytes())
 
