@@ -124,6 +124,7 @@ def test_breakeven_benchmark_measures_both_sides_of_the_rule():
         assert 0 < row[col] < 5.0
     assert row.rule_lhs_s == pytest.approx(row.allreduce_s * 2 / 3)
     assert bool(row.rule_predicts_pays) == (row.rule_lhs_s > row.bwd_s)
+    assert row.ddp_rule_model_s == pytest.approx(row.fwd_s + max(row.bwd_s, row.allreduce_s))
     with pytest.raises(ValueError, match="need model"):
         ex.breakeven_benchmark([{"model": "vgg", "batch": 2}])
 

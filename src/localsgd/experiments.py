@@ -629,7 +629,9 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
     an all-reduce of the model's bytes, a DDP step (gradient all-reduce overlapped with
     backward) and a local SGD step (f updates + one parameter all-reduce, per update). Returns
     one row per spec with the rule's prediction and the measured answer (``local_pays``: local
-    step < DDP step).
+    step < DDP step), and the rule's own step models (``ddp_rule_model_s`` = fwd + max(bwd,
+    all-reduce), ``local_rule_model_s`` = fwd + bwd + all-reduce/f) to set beside the measured
+    steps.
     """
     import json
     import socket
@@ -662,4 +664,7 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
     df["local_pays"] = df.local_step_s < df.ddp_step_s
     df["rule_right"] = df.rule_predicts_pays == df.local_pays
     df["speedup_local"] = df.ddp_step_s / df.local_step_s
+    # the rule's own step models (optimizer step left out, as the page does): how far off here
+    df["ddp_rule_model_s"] = df.fwd_s + np.maximum(df.bwd_s, df.allreduce_s)
+    df["local_rule_model_s"] = df.fwd_s + df.bwd_s + df.allreduce_s / frequency
     return df
