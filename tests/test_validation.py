@@ -37,6 +37,8 @@ def test_model_predicts_measured_speedups_of_real_runs(smoke):
         err = rows.loc[run, "speedup_error"]
         assert abs(err) <= SMOKE_TOL, (run, rows.loc[run, ["measured_speedup",
                                                           "predicted_speedup"]].to_dict())
+        # the same model given the run's own measured compute and collective costs
+        assert abs(rows.loc[run, "own_costs_error"]) <= SMOKE_TOL, rows.own_costs_error
     # the synchronous baseline's own time (DDP gradient all-reduce, priced from model averages)
     assert abs(rows.loc["sync", "time_error"]) <= SMOKE_TOL, rows.time_error
     assert abs(rows.loc["calib", "time_error"]) <= 0.1  # in sample

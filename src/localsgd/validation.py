@@ -19,7 +19,11 @@ What is fitted and what is predicted (stated in `Calibration` and in every resul
 * **predicted out of sample**: every run with stragglers, the synchronous baseline (DDP's
   bucketed gradient all-reduce, priced like a model average of the same bytes) included, with
   the stalls that run recorded (``stalls=`` of `simulate`: trace-driven) and, for spread, with
-  fresh random draws of the same rate (`predict_random`).
+  fresh random draws of the same rate (`predict_random`);
+* **given each run's own costs** (``own_costs_*`` columns): the same model fed the run's own
+  measured mean work and collective costs — on a machine shared with other jobs those drift
+  between runs (a collective among 16 processes on 2 cores needs ~30 scheduling hops), and this
+  variant tests the synchronisation arithmetic (who waits for whom) without that drift.
 
 Measured time is the window after ``warm`` steps (a multiple of every period, so each scheme's
 schedule restarts there): slowest worker's end of the last step minus slowest worker's end of
@@ -28,6 +32,7 @@ step ``warm``; speed-ups are against the synchronous run of the same launch.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -299,6 +304,10 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
         calib_pred = predict(cal, {calib: _scheme(configs[calib], window, CALIB)},
                              np.zeros_like(stalls))
         rand = predict_random(cal, schemes, window, Stragglers(straggler_seconds, straggler_rate))
+        # the same model given each run's own measured compute and collective costs: isolates
+        # the synchronisation arithmetic (who waits for whom) from the shared machine's noise
+        own = {n: float(predict(_own_costs(cal, measured[n]), {n: schemes[n]}, stalls)[label[n]])
+               for n in schemes}
         for n in names:
             g = group.set_index("name").loc[n]
             p = calib_pred[CALIB] if n == calib else pred[label[n]]
@@ -311,6 +320,7 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
                    "stalls": int((measured[n]["stalls"] > 0).sum())}
             if n != calib:
                 row.update(rand.loc[label[n]].to_dict())
+                row["own_costs_s"] = own[n]
             rows.append(row)
     df = pd.DataFrame(rows)
     base = df[df.run == SYNC].set_index("repeat")
@@ -318,8 +328,22 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
     df["predicted_speedup"] = df["repeat"].map(base["predicted_s"]) / df["predicted_s"]
     df["time_error"] = df["predicted_s"] / df["measured_s"] - 1
     df["speedup_error"] = df["predicted_speedup"] / df["measured_speedup"] - 1
-    df.loc[df.run == CALIB, ["measured_speedup", "predicted_speedup", "speedup_error"]] = np.nan
+    df["own_costs_speedup"] = df["repeat"].map(base["own_costs_s"]) / df["own_costs_s"]
+    df["own_costs_error"] = df["own_costs_speedup"] / df["measured_speedup"] - 1
+    df.loc[df.run == CALIB, ["measured_speedup", "predicted_speedup", "speedup_error",
+                             "own_costs_speedup", "own_costs_error"]] = np.nan
     return df, cals
+
+
+def _own_costs(cal: Calibration, m: dict) -> Calibration:
+    """``cal`` with a run's own measured mean work per update and mean collective costs (the
+    levels the run did not use keep the calibration's)."""
+    node, world = cal.gpus_per_node, cal.workers
+    comm = m["comm_ms"]
+    return dataclasses.replace(
+        cal, compute_ms=m["work_ms"], jitter=m["work_cv"],
+        intra_ms=comm.get(f"avg_{node}", cal.intra_ms),
+        inter_ms=comm.get(f"avg_{world}", comm.get(f"grad_{world}", cal.inter_ms)))
 
 
 def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=(2, 4, 8),
