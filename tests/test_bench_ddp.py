@@ -59,6 +59,8 @@ def test_compiled_losses_match_eager(bench_json):
     s = pd.DataFrame(bench_json["summary"]).set_index("mode")
     for mode in ("ddp_optimizer", "no_optimization"):
         assert s.loc[mode, "loss_max_rel_diff"] <= 1e-4, mode
+    # ... while the model trains: the compared losses move by far more than the tolerance
+    assert abs(s.loc["eager", "loss_last"] / s.loc["eager", "loss_first"] - 1) > 1e-2
 
 
 def test_overlap_only_with_graph_splitting(bench_json):

@@ -402,6 +402,14 @@ def summarize(steps: pd.DataFrame, meta_rows: pd.DataFrame) -> pd.DataFrame:
         part = loss.loc[(m, w)]
         rel.append(float(((part[mode] - part["eager"]).abs() / part["eager"].abs()).max()))
     out["loss_max_rel_diff"] = rel
+    # the losses compared must move (the model trains), or equal losses would prove nothing
+    first_last = loss.groupby(level=["model", "world"]).agg(["first", "last"])
+    out["loss_first"] = [first_last.loc[(m, w), (mode, "first")] if mode in loss.columns
+                         else float("nan") for m, w, mode in zip(out.model, out.world,
+                                                                  out["mode"], strict=True)]
+    out["loss_last"] = [first_last.loc[(m, w), (mode, "last")] if mode in loss.columns
+                        else float("nan") for m, w, mode in zip(out.model, out.world,
+                                                                 out["mode"], strict=True)]
     return out
 
 
