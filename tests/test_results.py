@@ -96,6 +96,17 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     assert table.loc["y", "status"] == report.STATUS_NONE
     text = report.write_report(papers, figs).read_text()
     assert "## src1" in text and "| Table 3 | H=1 | syncs | 15 |" in text
+    assert "own claims" not in text  # no claim without a source number yet
+    results.save_figure("own", None, pd.DataFrame({"v": [1]}), out_dir=figs, params={},
+                        mode="quick", scale="reduced",
+                        compare=pd.DataFrame({"artifact": ["Timing model vs runner"],
+                                              "setting": ["8 procs"], "metric": ["max error"],
+                                              "value": [4.2], "claim": ["within 10 %"],
+                                              "verdict": ["held: 4.2 %"]}))
+    own = report.own_claims(papers, figs)
+    assert own[["artifact", "verdict", "ours"]].values.tolist() == [
+        ["Timing model vs runner", "held: 4.2 %", 4.2]]
+    assert "## This project's own claims" in report.write_report(papers, figs).read_text()
 
 
 def test_report_prefers_paper_mode_and_rejects_same_mode_clashes(tmp_path):

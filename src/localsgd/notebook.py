@@ -75,8 +75,9 @@ def optional(rule: Rule) -> Rule:
 
 
 def list_of(rule: Rule) -> Rule:
+    # the message is built lazily: a lazy one_of inside must not import torch at module import
     return Rule(lambda v: isinstance(v, (list, tuple)) and len(v) > 0
-                and all(rule.ok(x) for x in v), f"a non-empty list, each {rule.expected}")
+                and all(rule.ok(x) for x in v), lambda: f"a non-empty list, each {rule.expected}")
 
 
 def _model_names() -> tuple[str, ...]:

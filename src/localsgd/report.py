@@ -165,6 +165,12 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
                   "A source's claim tested by a notebook, with the notebook's verdict at the "
                   "scale it ran (a reduced-scale verdict is indicative only).", "",
                   _md_table(claims), ""]
+    own = own_claims(papers_dir, figures_dir)
+    if len(own):
+        lines += ["## This project's own claims", "",
+                  "Checks a notebook states about this project's tools (e.g. the timing model "
+                  "against real runs); no source number stands beside them.", "",
+                  _md_table(own), ""]
     for source, part in table.groupby("source", sort=True):
         lines += [f"## {source}", ""]
         done = part[part["status"] != STATUS_NONE]
@@ -187,6 +193,20 @@ def _claims(table: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     rows = table[table["verdict"].notna() & (table["verdict"].astype(str) != "")]
     return rows[cols]
+
+
+def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
+    """Compare rows with a claim and verdict that match no source's number (keyed by artifact,
+    setting, metric): the project's own checks."""
+    cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "mode", "scale"]
+    ours = load_ours(figures_dir)
+    if "verdict" not in ours.columns or not len(ours):
+        return pd.DataFrame(columns=cols)
+    keys = load_reported(papers_dir)[KEY].drop_duplicates()
+    merged = ours.merge(keys.assign(_src=True), on=KEY, how="left")
+    rows = merged[merged["_src"].isna() & merged["verdict"].notna()
+                  & (merged["verdict"].astype(str) != "")]
+    return rows[[c for c in cols if c in rows.columns]].rename(columns={"value": "ours"})
 
 
 def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None) -> Path:
