@@ -47,7 +47,7 @@ def test_folders_written_once_and_exactly(folders, tmp_path):
     i = int(path.rsplit("/", 1)[1].split(".")[0])
     import numpy as np
 
-    pixels = torch.from_numpy(np.asarray(Image.open(path))).permute(2, 0, 1)
+    pixels = torch.from_numpy(np.array(Image.open(path))).permute(2, 0, 1)
     assert torch.equal(pixels, ds.train_x[i]) and label == int(ds.train_y[i])
     root = data.write_image_folders(ds, tmp_path / "again")
     stamp = (root / "COMPLETE").stat().st_mtime_ns
