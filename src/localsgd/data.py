@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
 import tarfile
 import urllib.request
 import warnings
@@ -735,7 +736,7 @@ def write_image_folders(ds: ImageDataset, root: str | Path) -> Path:
     root = Path(root)
     if (root / "COMPLETE").is_file():
         return root
-    tmp = root.with_name(root.name + f".tmp{__import__('os').getpid()}")
+    tmp = root.with_name(root.name + f".tmp{os.getpid()}")
     for split, xs, ys in (("train", ds.train_x, ds.train_y), ("val", ds.test_x, ds.test_y)):
         for c in ds.classes:
             (tmp / split / c).mkdir(parents=True, exist_ok=True)

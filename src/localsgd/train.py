@@ -322,12 +322,16 @@ class _MemoryBatches:
         self.train_x, self.train_y = ds.train_x.to(device), ds.train_y.to(device)
         self.test_x, self.test_y = ds.test_x.to(device), ds.test_y.to(device)
         self.augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
+        self._parts: tuple[torch.Tensor, torch.Tensor] | None = None  # (epoch's CPU, device copy)
 
     def batches(self, parts: torch.Tensor, epoch: int, pos: int, ranks: list[int],
                 generators: list[torch.Generator], b: int) -> list[tuple[torch.Tensor, ...]]:
+        if self._parts is None or self._parts[0] is not parts:  # once per epoch, not per step
+            self._parts = (parts, parts.to(self.device))
+        on_device = self._parts[1]
         out = []
         for w, gen in zip(ranks, generators, strict=True):
-            idx = parts[w, pos * b:(pos + 1) * b].to(self.device)
+            idx = on_device[w, pos * b:(pos + 1) * b]
             xb = self.train_x[idx]
             xb = (self.augment(xb, gen) if self.augment is not None
                   else data_mod.normalize(xb, self.ds.mean, self.ds.std))
