@@ -38,6 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 MODEL_NAMES = ("resnet20", "densenet40_12", "wrn28_10", "resnet50")
+# not a paper model: timing runs with emulated compute (localsgd.validation) move ResNet-20's
+# 1.08 MB in 4 tensors instead of 59, so the host's per-tensor work per update (autograd, DDP's
+# bucket copies, the optimizer) stays ~1 ms and 16 processes on 2 cores do not contend for it
+TIMING_MODEL_NAMES = ("mlp",)
 
 
 def _ch(channels: float) -> int:
@@ -214,6 +218,18 @@ def _resnet50(num_classes: int, width: float) -> nn.Module:
     return model
 
 
+def timing_mlp(num_classes: int = 10, width: float = 1.0) -> nn.Module:
+    """``"mlp"``: flatten a 3×32×32 image, Linear(3072, 88·width), ReLU, Linear(→ classes).
+
+    Not a paper model: with 10 classes it holds 271,314 float32 parameters (1.085 MB, ResNet-20
+    has 269,722) in 4 tensors, for timing runs whose compute is emulated (``--compute-ms``):
+    what the all-reduces move is the same, the host's per-tensor overhead is not (see
+    `TIMING_MODEL_NAMES`)."""
+    hidden = max(1, round(88 * width))
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(),
+                         nn.Linear(hidden, num_classes))
+
+
 def init_weights(model: nn.Module) -> nn.Module:
     """§4.1 initialization (after Goyal et al., 2017): He et al. (2015) normal init (fan_out,
     ReLU gain) for convolutions, N(0, 0.01) and zero bias for fully connected layers, BatchNorm
@@ -256,8 +272,11 @@ def build_model(name: str, num_classes: int = 10, width: float = 1.0) -> nn.Modu
         model = WideResNet(28, 10, num_classes, width)
     elif name == "resnet50":
         model = _resnet50(num_classes, width)
+    elif name == "mlp":
+        model = timing_mlp(num_classes, width)
     else:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(MODEL_NAMES)}")
+        raise ValueError(f"unknown model {name!r}; valid names: "
+                         f"{', '.join(MODEL_NAMES + TIMING_MODEL_NAMES)}")
     return init_weights(model)
 
 

@@ -8,22 +8,30 @@ start-up per world size), gloo on this machine's loopback, compute emulated by a
 Setup": every step each worker stalls for S seconds with probability p; here seeded by
 (seed, rank, step), so every configuration of a launch meets the *same* stalls).
 
-What is fitted and what is predicted (stated in `Calibration` and in every result row):
+What is fitted and what is predicted (stated in `Calibration` and in every result row), per
+kind of synchronisation the runner performs, each on one straggler-free run per world size:
 
-* **fitted** on one straggler-free run per world size (``calib``: blocks of ``procs_per_node``
-  average every step, the world every 2 steps): the mean per-step compute of a worker and its
-  coefficient of variation (the model's ``compute_ms`` and ``jitter``), and the mean cost of one
-  model average inside a node and across the world, expressed as the model's intra- and
-  inter-node bandwidths with latency 0 (one group size per level cannot separate latency from
-  bandwidth; ``Cluster.allreduce_seconds`` then returns exactly the measured cost);
-* **predicted out of sample**: every run with stragglers, the synchronous baseline (DDP's
-  bucketed gradient all-reduce, priced like a model average of the same bytes) included, with
-  the stalls that run recorded (``stalls=`` of `simulate`: trace-driven) and, for spread, with
-  fresh random draws of the same rate (`predict_random`);
-* **given each run's own costs** (``own_costs_*`` columns): the same model fed the run's own
-  measured mean work and collective costs — on a machine shared with other jobs those drift
-  between runs (a collective among 16 processes on 2 cores needs ~30 scheduling hops), and this
-  variant tests the synchronisation arithmetic (who waits for whom) without that drift.
+* **model averaging** (``calib``: blocks of ``procs_per_node`` average every step, the world
+  every 2 steps): the mean per-step work of a worker and its coefficient of variation (the
+  model's ``compute_ms`` and ``jitter``; the spread of a collective's finish across its members
+  counts as jitter), and the mean cost of one model average inside a node and across the world,
+  expressed as the model's intra- and inter-node bandwidths with latency 0 (one group size per
+  level cannot separate latency from bandwidth; ``Cluster.allreduce_seconds`` then returns
+  exactly the measured cost);
+* **DDP's gradient all-reduce** (``calib_sync``: synchronous SGD): the same work statistics and
+  the cost of one bucketed gradient all-reduce of the world (hooks and buckets make it ~20 %
+  dearer than a flat model average of the same bytes, and the backward's tail overlaps it —
+  pricing it as a model average biased every predicted speed-up low);
+* **predicted out of sample**: every run with stragglers — synchronous SGD from the gradient
+  calibration, local and hierarchical SGD (other periods than the calibration's) from the
+  averaging one — with the stalls that run recorded (``stalls=`` of `simulate`: trace-driven)
+  and, for spread, with fresh random draws of the same rate (`predict_random`).
+
+The runs train ``"mlp"`` (`localsgd.models.timing_mlp`): ResNet-20's 1.08 MB in 4 tensors, so a
+worker's host work per update stays ~1 ms. With ResNet-20's 59 tensors it is ~5 ms, and 16
+processes on 2 cores released together by a world average contend for it (75-79 ms per update
+right after an average, 55 ms once they drift apart, with 50 ms emulated compute) — a property
+of the oversubscribed test machine that the model, whose workers own their devices, lacks.
 
 Measured time is the window after ``warm`` steps (a multiple of every period, so each scheme's
 schedule restarts there): slowest worker's end of the last step minus slowest worker's end of
@@ -32,7 +40,6 @@ step ``warm``; speed-ups are against the synchronous run of the same launch.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -47,23 +54,28 @@ import pandas as pd
 
 from localsgd.timing import Cluster, Scheme, Stragglers, simulate
 
-__all__ = ["BASE", "Calibration", "calibrate", "grid", "launch", "measure", "predict",
-           "predict_random", "validate"]
+__all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "grid", "launch",
+           "measure", "predict", "predict_random", "validate"]
 
-# the runner's training set-up: tiny synthetic images, ResNet-20 (1.08 MB of float32
-# parameters: the bytes every all-reduce moves), 2 images per worker and update, one epoch
+# the runner's training set-up: tiny synthetic images, the timing MLP (1.08 MB of float32
+# parameters, as ResNet-20: the bytes every all-reduce moves), 2 images per worker and update, one epoch
 # (evaluation only after the last update, outside the measured window)
-BASE = {"dataset": "synthetic", "model": "resnet20", "width": 1.0, "n_test": 16,
+BASE = {"dataset": "synthetic", "model": "mlp", "width": 1.0, "n_test": 16,
         "eval_batch": 16, "local_batch": 2, "epochs": 1.0, "augment": False, "lr": 0.05,
         "momentum_scheme": "local"}
-CALIB = "calib"
+CALIB = "calib"  # straggler-free model averaging: nodes every step, the world every 2
+CALIB_SYNC = "calib_sync"  # straggler-free synchronous SGD (DDP's gradient all-reduce)
 SYNC = "sync"
+
+
+_NO_STALLS = {"straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []}
+_SYNC = {"local_steps": 1, "post_local_warmup_epochs": BASE["epochs"]}
 
 
 def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
          repeats: int = 1, seed: int = 0) -> list[dict]:
-    """``--sweep`` entries: per repeat r (seed + r: a repeat meets other stalls) the calibration
-    run, synchronous SGD, local SGD for each H and hierarchical SGD for each (H, H^b) with nodes
+    """``--sweep`` entries: per repeat r (seed + r: a repeat meets other stalls) the two
+    calibration runs (model averaging, synchronous SGD; no stalls), synchronous SGD, local SGD for each H and hierarchical SGD for each (H, H^b) with nodes
     of ``procs_per_node`` workers; repeats interleave (r0's grid, then r1's, ...)."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: must be >= 1")
@@ -72,10 +84,10 @@ def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
         sfx = f"_r{r - seed}" if repeats > 1 else ""
         entries.append({"name": CALIB + sfx, "seed": r, "local_steps": 1,
                         "block_size": procs_per_node, "block_steps": 2,
-                        "straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []})
+                        **_NO_STALLS})
         # DDP's gradient all-reduce every update: post-local SGD's warm-up over the whole run
-        entries.append({"name": SYNC + sfx, "seed": r, "local_steps": 1,
-                        "post_local_warmup_epochs": BASE["epochs"]})
+        entries.append({"name": CALIB_SYNC + sfx, "seed": r, **_SYNC, **_NO_STALLS})
+        entries.append({"name": SYNC + sfx, "seed": r, **_SYNC})
         entries += [{"name": f"local{h}{sfx}", "seed": r, "local_steps": int(h)}
                     for h in local_steps]
         entries += [{"name": f"hier{h}x{hb}{sfx}", "seed": r, "local_steps": int(h),
@@ -143,8 +155,10 @@ def measure(run_dir: Path, warm: int) -> dict:
     """The measured window of one run: ``seconds`` (slowest end of the last step minus slowest
     end of step ``warm``), ``steps``, ``stalls`` ([steps, workers] recorded stall seconds), and
     per-worker-step ``work_ms`` / ``work_cv`` (compute without the stall, plus the training
-    loop's own time between two updates) and the mean cost of one collective per (kind, group
-    size): ``comm_ms`` {"avg_4": ..., "avg_16": ..., "grad_16": ...}."""
+    loop's own time between two updates; the cv also counts how much later or earlier than its
+    group's mean a worker's collective finished) and the mean cost of one collective per (kind,
+    group size), from the last member's arrival to a member's return:
+    ``comm_ms`` {"avg_4": ..., "avg_16": ..., "grad_16": ...}."""
     df = _timing(run_dir)
     last = int(df.step.max())
     if last <= warm:
@@ -154,17 +168,21 @@ def measure(run_dir: Path, warm: int) -> dict:
     # the loop's time between this update's end and the next one's start is work too
     win["gap"] = (win.groupby("rank").start.shift(-1) - win.end).fillna(0.0)
     work = win.compute_s - win.stall_s + win.gap
+    spread = pd.Series(0.0, index=win.index)
     comm = {}
     sizes = _group_sizes(run_dir)
     for kind in ("grad", "avg"):
         sub = win[win[f"{kind}_level"].notna()]
         for level, part in sub.groupby(f"{kind}_level"):
-            comm[f"{kind}_{sizes[int(level)]}"] = 1e3 * float(part[f"comm_{kind}_s"].mean())
+            cost = part[f"comm_{kind}_s"]
+            comm[f"{kind}_{sizes[int(level)]}"] = 1e3 * float(cost.mean())
+            group = part["rank"] // sizes[int(level)]
+            spread[part.index] += cost - cost.groupby([part.step, group]).transform("mean")
     stalls = win.pivot(index="step", columns="rank", values="stall_s").to_numpy()
     return {"seconds": float(ends[last] - ends[warm]), "steps": last - warm,
             "workers": int(df["rank"].nunique()), "stalls": stalls,
-            "work_ms": 1e3 * float(work.mean()), "work_cv": float(work.std() / work.mean()),
-            "comm_ms": comm}
+            "work_ms": 1e3 * float(work.mean()),
+            "work_cv": float((work + spread).std() / work.mean()), "comm_ms": comm}
 
 
 def _group_sizes(run_dir: Path) -> list[int]:
@@ -175,15 +193,19 @@ def _group_sizes(run_dir: Path) -> list[int]:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the model is given, all fitted on one straggler-free run (see module docstring)."""
+    """What the model is given, all fitted on one straggler-free run (see module docstring):
+    ``kind`` "average" (``calib``: node and world model averages) or "gradient"
+    (``calib_sync``: DDP's gradient all-reduce of the world; ``gpus_per_node`` 1, so the world's
+    collective is priced by ``inter_ms``)."""
 
     workers: int
     gpus_per_node: int
     model_mb: float  # bytes of one model / 1e6 (what every all-reduce moves)
     compute_ms: float  # mean work of a worker per update (emulated compute + the loop's own)
     jitter: float  # its coefficient of variation across workers and updates
-    intra_ms: float  # mean cost of one model average inside a node of gpus_per_node
-    inter_ms: float  # mean cost of one model average of the whole world
+    intra_ms: float  # mean cost of one collective inside a node of gpus_per_node
+    inter_ms: float  # mean cost of one collective of the whole world
+    kind: str = "average"
 
     def _gbps(self, group: int, ms: float) -> float:
         # latency 0: 2 (g-1)/g * bytes / bandwidth = the measured cost (Cluster's ring term);
@@ -199,23 +221,35 @@ class Calibration:
 
     def describe(self) -> str:
         c = self.cluster()
+        if self.kind == "gradient":
+            return (f"synchronous SGD fitted on its straggler-free run ({self.workers} workers): "
+                    f"compute {self.compute_ms:.1f} ms per update (cv {self.jitter:.2f}); one "
+                    f"gradient all-reduce {self.inter_ms:.1f} ms ({c.inter_gbps:.2f} Gbit/s)")
         node = (f"{self.intra_ms:.1f} ms in a node of {self.gpus_per_node} "
                 f"({c.intra_gbps:.2f} Gbit/s), " if self.gpus_per_node > 1 else "")
-        return (f"fitted on the straggler-free run ({self.workers} workers): compute "
+        return (f"averaging fitted on its straggler-free run ({self.workers} workers): compute "
                 f"{self.compute_ms:.1f} ms per update (cv {self.jitter:.2f}); one model average "
                 f"{node}{self.inter_ms:.1f} ms across all {self.workers} "
                 f"({c.inter_gbps:.2f} Gbit/s), latency 0")
 
 
 def calibrate(run_dir: Path, warm: int, model_mb: float) -> Calibration:
-    """`Calibration` from the straggler-free run (node averages every step, world every 2)."""
+    """`Calibration` from a straggler-free run: ``calib`` (node averages every step, the world
+    every 2; kind "average") or ``calib_sync`` (synchronous SGD; kind "gradient")."""
     m = measure(run_dir, warm)
     if np.asarray(m["stalls"]).any():
-        raise ValueError(f"{run_dir}: the calibration run must be straggler-free")
+        raise ValueError(f"{run_dir}: a calibration run must be straggler-free")
     sizes = _group_sizes(run_dir)
-    if len(sizes) != 2:
-        raise ValueError(f"{run_dir}: the calibration run needs a node level and the world")
-    node, world = sizes
+    world = sizes[-1]
+    if len(sizes) == 1 and f"grad_{world}" in m["comm_ms"]:
+        grad = m["comm_ms"][f"grad_{world}"]
+        return Calibration(workers=world, gpus_per_node=1, model_mb=model_mb,
+                           compute_ms=m["work_ms"], jitter=m["work_cv"], intra_ms=grad,
+                           inter_ms=grad, kind="gradient")
+    if len(sizes) != 2 or f"avg_{sizes[0]}" not in m["comm_ms"]:
+        raise ValueError(f"{run_dir}: a calibration run averages models in nodes and the world "
+                         "(calib) or all-reduces gradients every update (calib_sync)")
+    node = sizes[0]
     return Calibration(workers=world, gpus_per_node=node, model_mb=model_mb,
                        compute_ms=m["work_ms"], jitter=m["work_cv"],
                        intra_ms=m["comm_ms"][f"avg_{node}"], inter_ms=m["comm_ms"][f"avg_{world}"])
@@ -243,32 +277,42 @@ def _scheme(cfg, window: int, name: str) -> Scheme:
     return Scheme.from_train_config(cfg, max(steps_per_epoch, window), name=name)
 
 
-def predict(cal: Calibration, schemes: dict[str, Scheme], stalls: np.ndarray,
+def _calibration_for(name: str, cals: dict[str, Calibration]) -> Calibration:
+    """The synchronous runs (DDP's gradient all-reduce) take the gradient calibration."""
+    return cals["gradient" if name in (SYNC, CALIB_SYNC) else "average"]
+
+
+def predict(cals: dict[str, Calibration], schemes: dict[str, Scheme], stalls: np.ndarray,
             jitter_seeds: int = 5) -> pd.Series:
     """Predicted seconds of each scheme over ``stalls.shape[0]`` steps with those stalls (the
-    ones the real runs recorded), median over ``jitter_seeds`` draws of the compute jitter."""
+    ones the real runs recorded), median over ``jitter_seeds`` draws of the compute jitter;
+    ``SYNC`` and ``CALIB_SYNC`` take ``cals["gradient"]``, the others ``cals["average"]``."""
     steps, workers = stalls.shape
     out = []
     for seed in range(jitter_seeds):
-        df = simulate(list(schemes.values()), workers=workers, steps=steps,
-                      cluster=cal.cluster(), compute_ms=cal.compute_ms, jitter=cal.jitter,
-                      model_mb=cal.model_mb, stalls=stalls, grad_overlap=0.0,
-                      baseline=False, seed=seed)
-        out.append(df.set_index("scheme")["seconds"])
+        secs = {}
+        for name, scheme in schemes.items():
+            cal = _calibration_for(name, cals)
+            df = simulate([scheme], workers=workers, steps=steps, cluster=cal.cluster(),
+                          compute_ms=cal.compute_ms, jitter=cal.jitter, model_mb=cal.model_mb,
+                          stalls=stalls, grad_overlap=0.0, baseline=False, seed=seed)
+            secs[name] = float(df["seconds"].iloc[0])
+        out.append(pd.Series(secs))
     return pd.concat(out, axis=1).median(axis=1).rename("predicted_s")
 
 
-def predict_random(cal: Calibration, schemes: dict[str, Scheme], steps: int,
+def predict_random(cals: dict[str, Calibration], schemes: dict[str, Scheme], steps: int,
                    stragglers: Stragglers, draws: int = 20) -> pd.DataFrame:
-    """Predicted speed-up over ``SYNC`` with fresh random stalls (no trace): median and the
-    10-90 % range over ``draws`` seeds — what the model says before seeing the run's draws."""
+    """Predicted speed-up over ``SYNC`` with fresh random stalls (no trace; each draw shared by
+    every scheme): median and the 10-90 % range over ``draws`` seeds — what the model says
+    before seeing the run's draws."""
+    workers = next(iter(cals.values())).workers
     rows = []
     for seed in range(draws):
-        df = simulate(list(schemes.values()), workers=cal.workers, steps=steps,
-                      cluster=cal.cluster(), compute_ms=cal.compute_ms, jitter=cal.jitter,
-                      model_mb=cal.model_mb, stragglers=stragglers, grad_overlap=0.0,
-                      baseline=SYNC, seed=1000 + seed)
-        rows.append(df.set_index("scheme")["speedup"])
+        rng = np.random.default_rng([1000 + seed, workers])
+        stalls = (rng.random((steps, workers)) < stragglers.rate) * stragglers.seconds
+        secs = predict(cals, schemes, stalls, jitter_seeds=1)
+        rows.append(secs[SYNC] / secs)
     s = pd.concat(rows, axis=1)
     return pd.DataFrame({"random_speedup": s.median(axis=1),
                          "random_lo": s.quantile(0.1, axis=1),
@@ -276,51 +320,51 @@ def predict_random(cal: Calibration, schemes: dict[str, Scheme], steps: int,
 
 
 def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: float
-            ) -> tuple[pd.DataFrame, list[Calibration]]:
-    """Measured beside predicted for every run of a launch (``out/runs``); one row per run."""
+            ) -> tuple[pd.DataFrame, list[dict[str, Calibration]]]:
+    """Measured beside predicted for every run of a launch (``out/runs``); one row per run, and
+    per repeat its calibrations {"average": ..., "gradient": ...}."""
     runs = Path(out) / "runs"
     sweep = pd.read_csv(runs / "sweep.csv")
     sweep["repeat"] = sweep["seed"]
     configs = run_configs(out)
-    rows, cals = [], []
+    rows, all_cals = [], []
     for _, group in sweep.groupby("repeat"):
         names = list(group["name"])
-        calib = next(n for n in names if n.startswith(CALIB))
-        sync = next(n for n in names if n.startswith(SYNC))
+        label = {n: n.rsplit("_r", 1)[0] if n.rsplit("_r", 1)[-1].isdigit() else n
+                 for n in names}
+        by_label = {label[n]: n for n in names}
+        sync = by_label[SYNC]
         model_mb = float(pd.read_csv(runs / sync / "records.csv")["param_bytes"].iloc[-1]) / 1e6
-        cal = calibrate(runs / calib, warm, model_mb)
-        cals.append(cal)
+        cals = {"average": calibrate(runs / by_label[CALIB], warm, model_mb),
+                "gradient": calibrate(runs / by_label[CALIB_SYNC], warm, model_mb)}
+        all_cals.append(cals)
         measured = {n: measure(runs / n, warm) for n in names}
         window = measured[sync]["steps"]
         stalls = measured[sync]["stalls"]
+        calibs = {by_label[CALIB], by_label[CALIB_SYNC]}
         for n in names:
-            if n != calib and not np.array_equal(measured[n]["stalls"], stalls):
+            if n not in calibs and not np.array_equal(measured[n]["stalls"], stalls):
                 raise ValueError(f"{n} met other stalls than {sync}: the seeded draws should be "
                                  "identical within a repeat")
-        label = {n: (SYNC if n == sync else n.rsplit("_r", 1)[0] if "_r" in n else n)
-                 for n in names}
-        schemes = {n: _scheme(configs[n], window, label[n]) for n in names if n != calib}
-        pred = predict(cal, schemes, stalls)
-        calib_pred = predict(cal, {calib: _scheme(configs[calib], window, CALIB)},
-                             np.zeros_like(stalls))
-        rand = predict_random(cal, schemes, window, Stragglers(straggler_seconds, straggler_rate))
-        # the same model given each run's own measured compute and collective costs: isolates
-        # the synchronisation arithmetic (who waits for whom) from the shared machine's noise
-        own = {n: float(predict(_own_costs(cal, measured[n]), {n: schemes[n]}, stalls)[label[n]])
-               for n in schemes}
+        schemes = {label[n]: _scheme(configs[n], window, label[n]) for n in names}
+        tested = {k: sc for k, sc in schemes.items() if k not in (CALIB, CALIB_SYNC)}
+        pred = pd.concat([predict(cals, tested, stalls),
+                          predict(cals, {k: schemes[k] for k in (CALIB, CALIB_SYNC)},
+                                  np.zeros_like(stalls))])
+        rand = predict_random(cals, tested, window, Stragglers(straggler_seconds, straggler_rate))
         for n in names:
             g = group.set_index("name").loc[n]
-            p = calib_pred[CALIB] if n == calib else pred[label[n]]
-            row = {"workers": cal.workers, "repeat": int(g["repeat"]), "run": label[n],
-                   "local_steps": int(g["local_steps"]), "block_steps": int(g["block_steps"]),
+            calib = n in calibs
+            row = {"workers": cals["average"].workers, "repeat": int(g["repeat"]),
+                   "run": label[n], "local_steps": int(g["local_steps"]),
+                   "block_steps": int(g["block_steps"]),
                    "block_size": None if pd.isna(g["block_size"]) else int(g["block_size"]),
-                   "role": "calibration (in sample)" if n == calib else "predicted (out of sample)",
-                   "measured_s": measured[n]["seconds"], "predicted_s": float(p),
+                   "role": "calibration (in sample)" if calib else "predicted (out of sample)",
+                   "measured_s": measured[n]["seconds"], "predicted_s": float(pred[label[n]]),
                    "steps": measured[n]["steps"],
                    "stalls": int((measured[n]["stalls"] > 0).sum())}
-            if n != calib:
+            if not calib:
                 row.update(rand.loc[label[n]].to_dict())
-                row["own_costs_s"] = own[n]
             rows.append(row)
     df = pd.DataFrame(rows)
     base = df[df.run == SYNC].set_index("repeat")
@@ -328,22 +372,9 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
     df["predicted_speedup"] = df["repeat"].map(base["predicted_s"]) / df["predicted_s"]
     df["time_error"] = df["predicted_s"] / df["measured_s"] - 1
     df["speedup_error"] = df["predicted_speedup"] / df["measured_speedup"] - 1
-    df["own_costs_speedup"] = df["repeat"].map(base["own_costs_s"]) / df["own_costs_s"]
-    df["own_costs_error"] = df["own_costs_speedup"] / df["measured_speedup"] - 1
-    df.loc[df.run == CALIB, ["measured_speedup", "predicted_speedup", "speedup_error",
-                             "own_costs_speedup", "own_costs_error"]] = np.nan
-    return df, cals
-
-
-def _own_costs(cal: Calibration, m: dict) -> Calibration:
-    """``cal`` with a run's own measured mean work per update and mean collective costs (the
-    levels the run did not use keep the calibration's)."""
-    node, world = cal.gpus_per_node, cal.workers
-    comm = m["comm_ms"]
-    return dataclasses.replace(
-        cal, compute_ms=m["work_ms"], jitter=m["work_cv"],
-        intra_ms=comm.get(f"avg_{node}", cal.intra_ms),
-        inter_ms=comm.get(f"avg_{world}", comm.get(f"grad_{world}", cal.inter_ms)))
+    df.loc[df.run.isin([CALIB, CALIB_SYNC]),
+           ["measured_speedup", "predicted_speedup", "speedup_error"]] = np.nan
+    return df, all_cals
 
 
 def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=(2, 4, 8),
@@ -351,7 +382,9 @@ def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=
              straggler_seconds: float = 0.3, straggler_rate: float = 0.02, repeats: int = 1,
              seed: int = 0, timeout: float = 900.0) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Launch the grid once per world size, then measured beside predicted: (rows, launches)
-    — one row per run, and per launch its wall time, command and `Calibration`."""
+    — one row per run, and per launch and repeat its wall time, command and both
+    `Calibration` s (the averaging one's fields, plus ``grad_ms``, ``sync_compute_ms`` and
+    ``sync_jitter`` of the gradient one)."""
     rows, launches = [], []
     for w in workers:
         if w % procs_per_node:
@@ -361,14 +394,17 @@ def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=
         info = launch(entries, w, where, steps=steps, compute_ms=compute_ms,
                       straggler_seconds=straggler_seconds, straggler_rate=straggler_rate,
                       timeout=timeout)
-        df, cals = analyse(where, info["warm"], straggler_seconds, straggler_rate)
+        df, all_cals = analyse(where, info["warm"], straggler_seconds, straggler_rate)
         rows.append(df)
-        for cal in cals:
+        for cals in all_cals:
+            cal, grad = cals["average"], cals["gradient"]
             launches.append({"workers": w, "launch_s": info["seconds"],
                              "command": info["command"], **asdict(cal),
                              "intra_gbps": cal.cluster().intra_gbps,
                              "inter_gbps": cal.cluster().inter_gbps,
-                             "calibration": cal.describe()})
+                             "grad_ms": grad.inter_ms, "sync_compute_ms": grad.compute_ms,
+                             "sync_jitter": grad.jitter,
+                             "calibration": cal.describe() + "; " + grad.describe()})
     return pd.concat(rows, ignore_index=True), pd.DataFrame(launches)
 
 
