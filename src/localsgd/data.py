@@ -651,8 +651,11 @@ def synthetic_image_dataset(n_train: int, n_test: int, num_classes: int = 10,
     def draw(n: int) -> tuple[torch.Tensor, torch.Tensor]:
         y = (torch.arange(n) % num_classes)[torch.randperm(n, generator=g)]
         noise = torch.randn(n, 3, image_size, image_size, generator=g)
-        x = 255 * (0.15 + 0.7 * patterns[y]) + 40 * noise
-        return x.round().clamp(0, 255).to(torch.uint8), y
+        # 255 * (0.15 + 0.7 * pattern) + 40 * noise, in place: the same float ops in the same
+        # order (bitwise the same images) with two buffers instead of five -- 16 processes
+        # loading it at once on 2 cores spent seconds allocating temporaries
+        x = patterns[y].mul_(0.7).add_(0.15).mul_(255).add_(noise.mul_(40))
+        return x.round_().clamp_(0, 255).to(torch.uint8), y
 
     (train_x, train_y), (test_x, test_y) = draw(n_train), draw(n_test)
     mean, std = _channel_stats(train_x)
