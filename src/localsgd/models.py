@@ -210,7 +210,7 @@ def _resnet50(num_classes: int, width: float) -> nn.Module:
         return torchvision.models.resnet50(weights=None, num_classes=num_classes)
 
     class _Scaled(ResNet):
-        def _make_layer(self, block, planes, blocks, stride=1, dilate=False):  # noqa: ANN001
+        def _make_layer(self, block, planes, blocks, stride=1, dilate=False):
             return super()._make_layer(block, _ch(planes * width), blocks, stride, dilate)
 
     model = _Scaled(Bottleneck, [3, 4, 6, 3], num_classes=num_classes)

@@ -162,14 +162,14 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
     claims = _claims(table)
     if len(claims):
         lines += ["## Claims", "",
-                  "A source's claim tested by a notebook, with the notebook's verdict at the "
-                  "scale it ran (a reduced-scale verdict is indicative only).", "",
+                  ("A source's claim tested by a notebook, with the notebook's verdict at the "
+                   "scale it ran (a reduced-scale verdict is indicative only)."), "",
                   _md_table(claims), ""]
     own = own_claims(papers_dir, figures_dir)
     if len(own):
         lines += ["## This project's own claims", "",
-                  "Checks a notebook states about this project's tools (e.g. the timing model "
-                  "against real runs); no source number stands beside them.", "",
+                  ("Checks a notebook states about this project's tools (e.g. the timing model "
+                   "against real runs); no source number stands beside them."), "",
                   _md_table(own), ""]
     for source, part in table.groupby("source", sort=True):
         lines += [f"## {source}", ""]

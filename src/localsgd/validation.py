@@ -58,8 +58,8 @@ __all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "g
            "measure", "predict", "predict_random", "validate"]
 
 # the runner's training set-up: tiny synthetic images, the timing MLP (1.08 MB of float32
-# parameters, as ResNet-20: the bytes every all-reduce moves), 2 images per worker and update, one epoch
-# (evaluation only after the last update, outside the measured window)
+# parameters, as ResNet-20: the bytes every all-reduce moves), 2 images per worker and update,
+# one epoch (evaluation only after the last update, outside the measured window)
 BASE = {"dataset": "synthetic", "model": "mlp", "width": 1.0, "n_test": 16,
         "eval_batch": 16, "local_batch": 2, "epochs": 1.0, "augment": False, "lr": 0.05,
         "momentum_scheme": "local"}
@@ -75,8 +75,8 @@ _SYNC = {"local_steps": 1, "post_local_warmup_epochs": BASE["epochs"]}
 def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
          repeats: int = 1, seed: int = 0) -> list[dict]:
     """``--sweep`` entries: per repeat r (seed + r: a repeat meets other stalls) the two
-    calibration runs (model averaging, synchronous SGD; no stalls), synchronous SGD, local SGD for each H and hierarchical SGD for each (H, H^b) with nodes
-    of ``procs_per_node`` workers; repeats interleave (r0's grid, then r1's, ...)."""
+    calibration runs (model averaging, synchronous SGD; no stalls), synchronous SGD, local SGD
+    for each H and hierarchical SGD for each (H, H^b) with nodes of ``procs_per_node`` workers; repeats interleave (r0's grid, then r1's, ...)."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: must be >= 1")
     entries = []
