@@ -19,9 +19,9 @@ kind of synchronisation the runner performs, each on one straggler-free run per 
   level cannot separate latency from bandwidth; ``Cluster.allreduce_seconds`` then returns
   exactly the measured cost);
 * **DDP's gradient all-reduce** (``calib_sync``: synchronous SGD): the same work statistics and
-  the cost of one bucketed gradient all-reduce of the world (hooks and buckets make it ~20 %
-  dearer than a flat model average of the same bytes, and the backward's tail overlaps it —
-  pricing it as a model average biased every predicted speed-up low);
+  the cost of one bucketed gradient all-reduce of the world (here 5-10 % dearer than a flat
+  model average of the same bytes, with less host work per update around it: pricing the
+  baseline from the averaging run made it come out fast, every predicted speed-up low);
 * **predicted out of sample**: every run with stragglers — synchronous SGD from the gradient
   calibration, local and hierarchical SGD (other periods than the calibration's) from the
   averaging one — with the stalls that run recorded (``stalls=`` of `simulate`: trace-driven)
