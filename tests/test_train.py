@@ -195,3 +195,16 @@ def test_modelled_time_of_flat_and_hierarchical_runs_together():
     assert t.tolist() == pytest.approx([timing.modelled_time(flat, cluster)[0],
                                         timing.modelled_time(hier, cluster)[0]])
     assert t[1] > t[0]  # four more node-local rounds
+
+
+def test_pool_compute_gives_runs_of_the_same_work_the_median_cost_per_update():
+    # three runs of width 0.25 measured 10, 12 and 20 ms per update; one of width 0.5, 40 ms
+    rec = pd.DataFrame({"run": [0, 0, 1, 1, 2, 3], "step": [5, 10, 5, 10, 10, 10],
+                        "compute_seconds": [0.05, 0.10, 0.06, 0.12, 0.20, 0.40],
+                        "width": [0.25] * 5 + [0.5], "model": "resnet20"})
+    out = experiments.pool_compute(rec)
+    assert out.compute_seconds.tolist() == pytest.approx([0.06, 0.12, 0.06, 0.12, 0.12, 0.40])
+    assert out.compute_seconds_measured.tolist() == rec.compute_seconds.tolist()
+    assert rec.compute_seconds.iloc[0] == 0.05  # the input is left alone
+    with pytest.raises(ValueError, match="'run'"):
+        experiments.pool_compute(rec.drop(columns="run"))

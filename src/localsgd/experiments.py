@@ -25,6 +25,7 @@ __all__ = [
     "dataset_available",
     "fit_step_costs",
     "momentum_config",
+    "pool_compute",
     "run_grid",
     "scaling_table",
     "slowmo_configs",
@@ -73,6 +74,33 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
             df = df.assign(**labels[i])
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
+
+
+# the config fields that set a worker's work per update (not H, K or the schedule)
+WORK_KEYS = ("dataset", "model", "width", "local_batch", "image_size", "augment", "device",
+             "dtype")
+
+
+def pool_compute(records: pd.DataFrame, by: Sequence[str] = WORK_KEYS) -> pd.DataFrame:
+    """``records`` with ``compute_seconds`` = updates × the median per-update compute over the
+    runs (``run``) doing the same work per update (same ``by`` fields); the measured values
+    move to ``compute_seconds_measured``.
+
+    Local SGD changes how often workers communicate, not what one update computes, so every run
+    of a grid should pay the same compute per update; measured per run on a shared CPU it
+    drifts by several per cent between runs minutes apart, which would otherwise enter the
+    time-axis speed-ups (Figure 6's moved 0.65× → 0.75× between two idle-machine runs)."""
+    if "run" not in records.columns:
+        raise ValueError("pool_compute needs a 'run' column (experiments.run_grid adds it)")
+    out = records.copy()
+    keys = [k for k in by if k in out.columns]
+    last = out.sort_values("step").groupby("run").last()
+    per_run = last["compute_seconds"] / last["step"]
+    group = last[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", last.index)
+    pooled = per_run.groupby(group).transform("median")
+    out["compute_seconds_measured"] = out["compute_seconds"]
+    out["compute_seconds"] = out["step"] * out["run"].map(pooled)
+    return out
 
 
 def with_time(records: pd.DataFrame, cluster: Cluster, *,
