@@ -69,8 +69,12 @@ def _ddp_worker(rank: int, world: int) -> dict:
 
 
 # float32 ResNet-20 is chaotic over 20 updates: the replica engine against itself with 1 vs 2
-# threads differs by 1.1e-2, float32 against float64 by 5.9e-2 (largest parameter ~1.0)
-FLOAT32_TOL = 2.5e-2
+# threads differs by 1.1e-2, float32 against float64 by 5.9e-2 (largest parameter ~1.0). How far
+# rounding carries depends on the machine: DDP against replicas in float32 stayed under 2.5e-2
+# on session 3's machine and reached 6.3e-2 on 2026-11-23's (AVX-512; there the replicas' own
+# float32-vs-float64 gap was 2e-3 and DDP's 6.2e-2, the old float32 chaos level; the float64
+# scenarios still agree to 1e-9, so the logic is the same). A bug moves parameters by O(1).
+FLOAT32_TOL = 0.1
 
 
 def test_ddp_engine_equals_replica_engine_through_train():
@@ -92,17 +96,19 @@ def test_ddp_engine_equals_replica_engine_through_train():
                        for a, b in zip(ours["params"], theirs, strict=True))
             assert diff < tol, f"{name}: worker {k} parameters differ by {diff}"
             bufs = [b for b in engine.models[k].buffers() if b.is_floating_point()]
-            # BatchNorm running statistics integrate the float32 divergence: 10 % there
-            rtol = 0 if cfg.dtype == "float64" else 0.1
+            # BatchNorm running statistics integrate the float32 divergence (up to 0.28 on
+            # values up to 1.3 on 2026-11-23's machine): a loose bound there
+            rtol = 0 if cfg.dtype == "float64" else 0.5
             for a, b in zip(ours["buffers"], bufs, strict=True):
-                assert torch.allclose(a, b, atol=tol, rtol=rtol), name
+                assert torch.allclose(a, b, atol=3 * tol if rtol else tol, rtol=rtol), name
         ddp_rec = results[0][name]["records"]
         if cfg.dtype == "float64":
             cols = [c for c in rec.columns if c not in TIMED]
             pd.testing.assert_frame_equal(ddp_rec[cols], rec[cols], check_exact=False, atol=tol,
                                           rtol=0)
         else:
-            assert ddp_rec.train_loss.tolist() == pytest.approx(rec.train_loss.tolist(), rel=1e-2)
+            # epoch losses: within 4.3 % on 2026-11-23's machine (1 % on session 3's)
+            assert ddp_rec.train_loss.tolist() == pytest.approx(rec.train_loss.tolist(), rel=0.06)
         # DDP averaged gradients in the warm-up (2 updates) / at every update (block gradients)
         assert results[0][name]["grad_steps"] == (STEPS if cfg.block_gradient_allreduce else 2)
         # workers still differ at the end, so equality is not the trivial one of equal models

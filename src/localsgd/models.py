@@ -253,7 +253,8 @@ def build_model(name: str, num_classes: int = 10, width: float = 1.0) -> nn.Modu
     """One of the paper's models (§4.1; App. F.1 Table 4), §4.1-initialized.
 
     Args:
-        name: ``"resnet20"``, ``"densenet40_12"``, ``"wrn28_10"`` or ``"resnet50"``.
+        name: ``"resnet20"``, ``"densenet40_12"``, ``"wrn28_10"`` or ``"resnet50"`` (or
+            ``"mlp"``, `timing_mlp`: not a paper model, for emulated-compute timing runs).
         num_classes: outputs of the classifier (10 CIFAR-10, 100 CIFAR-100, 1000 ImageNet).
         width: channel multiplier for reduced-scale runs (base widths of the ResNets -- for
             ResNet-50 every stage but its stem --, growth rate of DenseNet, whose stem is

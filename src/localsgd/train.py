@@ -67,7 +67,8 @@ class TrainConfig:
     streamed from image folders through ImageNet's input pipeline: 'imagenet' (§4.2.2) or
     'cifar10_folder' (CIFAR-10 written as PNG folders: ImageNet's code path at CPU size)."""
     model: str = "resnet20"
-    """A `localsgd.models.build_model` name: resnet20, densenet40_12, wrn28_10, resnet50."""
+    """A `localsgd.models.build_model` name: resnet20, densenet40_12, wrn28_10, resnet50 (or
+    mlp, `localsgd.models.timing_mlp`, for emulated-compute timing runs)."""
     width: float = 1.0
     """Channel-width multiplier (1.0 = the paper's model; < 1 for reduced-scale runs)."""
     n_train: int | None = None
