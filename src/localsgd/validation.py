@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from localsgd.timing import Cluster, Scheme, Stragglers, simulate
+from localsgd.timing import Cluster, Scheme, Stragglers, _stall_draws, simulate
 
 __all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "grid", "launch",
            "measure", "predict", "predict_random", "validate"]
@@ -76,7 +76,8 @@ def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
          repeats: int = 1, seed: int = 0) -> list[dict]:
     """``--sweep`` entries: per repeat r (seed + r: a repeat meets other stalls) the two
     calibration runs (model averaging, synchronous SGD; no stalls), synchronous SGD, local SGD
-    for each H and hierarchical SGD for each (H, H^b) with nodes of ``procs_per_node`` workers; repeats interleave (r0's grid, then r1's, ...)."""
+    for each H and hierarchical SGD for each (H, H^b) with nodes of ``procs_per_node`` workers;
+    repeats interleave (r0's grid, then r1's, ...), each name suffixed ``_r<repeat>``."""
     if repeats < 1:
         raise ValueError(f"repeats={repeats}: must be >= 1")
     entries = []
@@ -94,6 +95,12 @@ def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
                      "block_size": procs_per_node, "block_steps": int(hb)}
                     for h, hb in hierarchical]
     return entries
+
+
+def _label(name: str) -> str:
+    """A grid entry's name without its ``_r<repeat>`` suffix (`grid` adds one with repeats)."""
+    stem, _, repeat = name.rpartition("_r")
+    return stem if stem and repeat.isdigit() else name
 
 
 def warm_steps(entries: list[dict]) -> int:
@@ -288,16 +295,18 @@ def predict(cals: dict[str, Calibration], schemes: dict[str, Scheme], stalls: np
     ones the real runs recorded), median over ``jitter_seeds`` draws of the compute jitter;
     ``SYNC`` and ``CALIB_SYNC`` take ``cals["gradient"]``, the others ``cals["average"]``."""
     steps, workers = stalls.shape
+    groups: dict[int, tuple[Calibration, list[Scheme]]] = {}  # one simulate per calibration
+    for name, scheme in schemes.items():
+        cal = _calibration_for(name, cals)
+        groups.setdefault(id(cal), (cal, []))[1].append(scheme)
     out = []
     for seed in range(jitter_seeds):
-        secs = {}
-        for name, scheme in schemes.items():
-            cal = _calibration_for(name, cals)
-            df = simulate([scheme], workers=workers, steps=steps, cluster=cal.cluster(),
-                          compute_ms=cal.compute_ms, jitter=cal.jitter, model_mb=cal.model_mb,
-                          stalls=stalls, grad_overlap=0.0, baseline=False, seed=seed)
-            secs[name] = float(df["seconds"].iloc[0])
-        out.append(pd.Series(secs))
+        secs = pd.concat([
+            simulate(group, workers=workers, steps=steps, cluster=cal.cluster(),
+                     compute_ms=cal.compute_ms, jitter=cal.jitter, model_mb=cal.model_mb,
+                     stalls=stalls, grad_overlap=0.0, baseline=False, seed=seed)
+            .set_index("scheme")["seconds"] for cal, group in groups.values()])
+        out.append(secs[list(schemes)])
     return pd.concat(out, axis=1).median(axis=1).rename("predicted_s")
 
 
@@ -309,8 +318,8 @@ def predict_random(cals: dict[str, Calibration], schemes: dict[str, Scheme], ste
     workers = next(iter(cals.values())).workers
     rows = []
     for seed in range(draws):
-        rng = np.random.default_rng([1000 + seed, workers])
-        stalls = (rng.random((steps, workers)) < stragglers.rate) * stragglers.seconds
+        stalls = _stall_draws(stragglers, workers, steps,
+                              np.random.default_rng([1000 + seed, workers]), runner_stalls=False)
         secs = predict(cals, schemes, stalls, jitter_seeds=1)
         rows.append(secs[SYNC] / secs)
     s = pd.concat(rows, axis=1)
@@ -330,8 +339,7 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
     rows, all_cals = [], []
     for _, group in sweep.groupby("repeat"):
         names = list(group["name"])
-        label = {n: n.rsplit("_r", 1)[0] if n.rsplit("_r", 1)[-1].isdigit() else n
-                 for n in names}
+        label = {n: _label(n) for n in names}
         by_label = {label[n]: n for n in names}
         sync = by_label[SYNC]
         model_mb = float(pd.read_csv(runs / sync / "records.csv")["param_bytes"].iloc[-1]) / 1e6
