@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from localsgd import experiments as ex
 from localsgd.train import TrainConfig
@@ -91,26 +92,72 @@ def test_slowmo_grid_configs():
     assert dataclasses.replace(plain, seed=0) == plain
 
 
-def test_slowmo_summary_on_real_tiny_runs():
+def _tiny_slowmo_base(**values):
+    return TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=4,
+                       local_batch=8, lr=0.2, n_test=64, **values)
+
+
+def _synthetic_256():
     from localsgd import data
+
+    return data.synthetic_image_dataset(256, 64, num_classes=4, image_size=16, seed=0)
+
+
+def test_slowmo_summary_on_real_tiny_runs():
     from localsgd.train import train
 
-    synth = data.synthetic_image_dataset(256, 64, num_classes=4, image_size=16, seed=0)
-    base = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=4,
-                       local_batch=8, epochs=1.0, lr=0.2, n_test=64)
+    synth = _synthetic_256()
+    # 256 images / 4 workers / B_loc 8 = 8 updates: slow steps after updates 4 and 8. With
+    # alpha = 0.5 the first slow step moves the model off the average by (x0 - avg)/2 (see
+    # test_slowmo_first_slow_step_by_hand), so updates 5-8 and their loss differ from local SGD
+    # alone. (beta = 0.5, alpha = 1 would not do: its first slow step is the identity, u = 0.)
+    base = _tiny_slowmo_base(epochs=1.0)
     configs, labels = ex.slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4,
-                                        momenta=[0.5], slow_lrs=[], sgp_momenta=[0.5], seeds=[0])
+                                        momenta=[0.5], slow_lrs=[0.5], sgp_momenta=[0.5],
+                                        seeds=[0])
     import pandas as pd
 
     recs = pd.concat([train(c, dataset=synth, progress=False).assign(run=i, **lab)
                       for i, (c, lab) in enumerate(zip(configs, labels, strict=True))])
     summ = ex.slowmo_summary(recs).set_index("variant")
     assert list(summ.index) == ["local SGD alone", "local SGD + SlowMo β=0.5, α=1",
-                                "SGP + SlowMo β=0.5, α=1"]
+                                "local SGD + SlowMo β=0, α=0.5", "SGP + SlowMo β=0.5, α=1"]
     assert summ.loc["local SGD alone", "d_acc"] == 0.0  # the reference itself
     assert summ.loc["local SGD + SlowMo β=0.5, α=1", "outer_steps"] == 2  # 8 updates / 4
     assert summ.loc["SGP + SlowMo β=0.5, α=1", "gossip_rounds"] == 6
-    assert summ.loc["local SGD + SlowMo β=0.5, α=1", "d_loss"] != 0.0  # the slow step acts
+    # the slow step acts: a change of O(lr), far above float rounding (~1e-7)
+    assert abs(summ.loc["local SGD + SlowMo β=0, α=0.5", "d_loss"]) > 1e-3
+
+
+def test_slowmo_first_slow_step_by_hand():
+    # after the first slow step (update 4) the SlowMo model is x0 - alpha*gamma*u with
+    # u = (x0 - avg)/gamma, i.e. x0 + alpha*(avg - x0), where avg is local SGD's average at the
+    # same update (same seed, same data: the runs agree until then) -- outer.py's heavy ball
+    from localsgd.train import build_engine, train
+
+    synth = _synthetic_256()
+    base = _tiny_slowmo_base(epochs=0.5, dtype="float64")  # 4 updates
+    plain, slow = ex.slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4, momenta=[],
+                                    slow_lrs=[0.5], sgp_momenta=[], seeds=[0])[0]
+    flats = {}
+    for name, cfg in (("plain", plain), ("slow", slow)):
+        holder = []
+
+        def make(c, n, classes, holder=holder):
+            holder.append(build_engine(c, n, classes))
+            return holder[0]
+
+        train(cfg, dataset=synth, progress=False, engine=make)
+        engine = holder[0]
+        assert engine.t == 4
+        flats[name] = engine.comm.flat.clone()
+    x0 = build_engine(slow, 256, 4).comm.flat[0]  # the initial model, before any update
+    avg = flats["plain"][0]
+    assert torch.equal(flats["plain"], avg.expand_as(flats["plain"]))  # a global average at 4
+    expected = x0 + 0.5 * (avg - x0)
+    assert (avg - x0).abs().max() > 1e-3  # the workers moved: the check is not trivial
+    torch.testing.assert_close(flats["slow"], expected.expand_as(flats["slow"]), rtol=0,
+                               atol=1e-12)
 
 
 def test_breakeven_benchmark_measures_both_sides_of_the_rule():
