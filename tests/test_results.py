@@ -1,6 +1,7 @@
 """Provenance sidecars, atomic writes, the parameter cache and the report join."""
 
 import json
+from pathlib import Path
 
 import matplotlib
 
@@ -130,5 +131,34 @@ def test_report_prefers_paper_mode_and_rejects_same_mode_clashes(tmp_path):
         report.load_reported(tmp_path / "nowhere")
 
 
-def test_cache_key_includes_the_code():
-    assert len(results.code_hash()) == 16 and results.code_hash() == results.code_hash()
+def test_code_hash_changes_with_any_source_file(tmp_path):
+    import shutil
+
+    package = tmp_path / "localsgd"
+    shutil.copytree(Path(results.__file__).parent, package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code_hash = results.code_hash.__wrapped__  # uncached: the files change within this test
+    before = code_hash(package)
+    assert before == code_hash(Path(results.__file__).parent)  # same files, same hash
+    nested = package / "convex" / "objective.py"
+    nested.write_text(nested.read_text() + "\n# one more line\n")
+    edited = code_hash(package)
+    assert edited != before  # a change in a sub-package counts
+    nested.rename(package / "convex" / "objective2.py")
+    assert code_hash(package) not in (before, edited)  # so does a rename
+
+
+def test_a_code_change_recomputes_the_cache(tmp_path, monkeypatch):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return pd.DataFrame({"run": [len(calls)]})
+
+    monkeypatch.setattr(results, "code_hash", lambda: "code-a")
+    assert results.cached("exp", {"p": 1}, compute, cache_dir=tmp_path).run[0] == 1
+    assert results.cached("exp", {"p": 1}, compute, cache_dir=tmp_path).run[0] == 1
+    assert len(calls) == 1  # the same code and parameters: served from the cache
+    monkeypatch.setattr(results, "code_hash", lambda: "code-b")  # the package changed
+    assert results.cached("exp", {"p": 1}, compute, cache_dir=tmp_path).run[0] == 2
+    assert len(calls) == 2

@@ -190,9 +190,10 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
 
 # --------------------------------------------------------------------------- cache
 @functools.cache
-def code_hash() -> str:
-    """Hash of every ``.py`` file of the installed ``localsgd`` package (names and contents)."""
-    package = Path(__file__).resolve().parent
+def code_hash(package: Path | None = None) -> str:
+    """Hash of every ``.py`` file (names and contents) of ``package``, by default the installed
+    ``localsgd`` package."""
+    package = Path(__file__).resolve().parent if package is None else Path(package)
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
