@@ -1,0 +1,130 @@
+"""Claim rows and verdicts: the one rule by which a notebook says whether a source's claim held.
+
+A claim compares a measured quantity with a threshold: "local SGD (H = 8) loses at most 1 point
+against H = 1", "the speed-up is at least 1x", "the model predicts within 10 %". Per seed the
+notebook computes the quantity (a paired difference where the claim compares two settings), and
+`verdict` decides:
+
+* **The seed-spread rule.** A verdict rests on seeds: with one seed it is *inconclusive at this
+  scale* (one run says nothing about the spread a different seed -- or a different CPU, whose
+  float32 rounding sends a chaotic training run elsewhere -- would give). With two or more
+  seeds the claim is decided only when every seed lies on the same side of the threshold *and*
+  the mean lies at least one standard deviation (over seeds) away from it; otherwise the
+  difference is within the seed spread and the verdict is inconclusive.
+* Quantities that do not depend on a seed (arithmetic, a deterministic simulator or model, a
+  measurement repeated until its median is stable) pass ``deterministic=True`` and are decided
+  by the mean alone.
+* ``data unavailable`` when the data set is not on this machine (never replaced by another);
+  ``not measurable`` when no value is finite (e.g. no run reached the target accuracy).
+
+`claim_row` builds the comparison row a notebook hands to `localsgd.results.save_figure`, so
+that every row of every notebook has the same columns and no ``nan`` reaches a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HELD = "held"
+NOT_HELD = "did not hold"
+INCONCLUSIVE = "inconclusive at this scale"
+UNAVAILABLE = "data unavailable"
+NOT_MEASURABLE = "not measurable"
+OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, UNAVAILABLE, NOT_MEASURABLE)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of a claim (one of `OUTCOMES`) and the numbers it rests on."""
+
+    outcome: str
+    mean: float
+    sd: float
+    seeds: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.outcome}: {self.reason}"
+
+
+def _fmt(x: float, unit: str) -> str:
+    return f"{x:+.3g}{unit}" if unit in ("", " points", " pts") else f"{x:.3g}{unit}"
+
+
+def verdict(values: Sequence[float] | float, threshold: float, *, higher_is_better: bool = True,
+            deterministic: bool = False, unit: str = "", data_available: bool = True,
+            what: str = "value") -> Verdict:
+    """Decide the claim "``what`` >= ``threshold``" (or <= with ``higher_is_better=False``) from
+    per-seed ``values`` by the seed-spread rule of the module docstring."""
+    if not data_available:
+        return Verdict(UNAVAILABLE, math.nan, math.nan, 0,
+                       "the data set is not on this machine (not substituted)")
+    seq = [values] if isinstance(values, (int, float, np.floating)) else list(values)
+    arr = np.asarray([float(v) for v in seq if v is not None and math.isfinite(float(v))])
+    if not len(arr):
+        return Verdict(NOT_MEASURABLE, math.nan, math.nan, 0,
+                       f"no finite {what} (e.g. no run reached the target)")
+    mean = float(arr.mean())
+    sd = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+    sign = 1.0 if higher_is_better else -1.0
+    ok = sign * (mean - threshold) >= 0
+    rel = ">=" if higher_is_better else "<="
+    spread = f"{_fmt(mean, unit)} ± {sd:.2g}{unit} over {len(arr)} seeds" if len(arr) > 1 \
+        else f"{_fmt(mean, unit)} (1 seed)"
+    claim = f"{what} {rel} {threshold:g}{unit}"
+    if deterministic:
+        return Verdict(HELD if ok else NOT_HELD, mean, sd, len(arr),
+                       f"{what} {_fmt(mean, unit)}; claim {claim}")
+    if len(arr) < 2:
+        return Verdict(INCONCLUSIVE, mean, sd, 1,
+                       f"{spread}, claim {claim}: one seed gives no spread to judge by")
+    same_side = bool(np.all(sign * (arr - threshold) >= 0) or np.all(sign * (arr - threshold) < 0))
+    if same_side and abs(mean - threshold) >= sd:
+        return Verdict(HELD if ok else NOT_HELD, mean, sd, len(arr), f"{spread}; claim {claim}")
+    return Verdict(INCONCLUSIVE, mean, sd, len(arr),
+                   f"{spread}, claim {claim}: the threshold lies within the seed spread")
+
+
+def combine(verdicts: Sequence[Verdict]) -> str:
+    """One outcome for a claim made of several parts (e.g. one per model): held only if every
+    decided part held; did not hold if any part did not; otherwise inconclusive (or unavailable /
+    not measurable when no part could be judged)."""
+    outcomes = [v.outcome for v in verdicts]
+    if NOT_HELD in outcomes:
+        return NOT_HELD
+    if outcomes and all(o == HELD for o in outcomes):
+        return HELD
+    if INCONCLUSIVE in outcomes or HELD in outcomes:
+        return INCONCLUSIVE
+    if outcomes and all(o == UNAVAILABLE for o in outcomes):
+        return UNAVAILABLE
+    return NOT_MEASURABLE if outcomes else UNAVAILABLE
+
+
+def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, unit: str = "",
+              note: str = "", claim: str | None = None,
+              verdict: Verdict | str | None = None, **extra: Any) -> dict[str, Any]:
+    """One comparison row for ``papers/*/reported.csv`` keys (artifact, setting, metric) with our
+    ``value``; with ``claim`` also the claim's text and its verdict ("<outcome>: <reason>").
+    A missing or non-finite value is written as empty (None), never as ``nan``."""
+    if claim is not None and verdict is None:
+        raise ValueError(f"claim {claim!r} needs a verdict (localsgd.experiments.claims.verdict)")
+    if verdict is not None and claim is None:
+        raise ValueError("a verdict needs the claim it judges (claim=...)")
+    v = None if value is None or not math.isfinite(float(value)) else float(value)
+    row: dict[str, Any] = {"artifact": artifact, "setting": setting, "metric": metric,
+                           "value": v, "unit": unit, "note": note, **extra}
+    if claim is not None:
+        text = str(verdict)
+        if text.split(":", 1)[0] not in OUTCOMES:
+            raise ValueError(f"verdict {text!r} does not start with one of {OUTCOMES}")
+        if re.search(r"\bnan\b", text, re.IGNORECASE):
+            raise ValueError(f"verdict {text!r} contains nan")
+        row["claim"], row["verdict"] = claim, text
+    return row

@@ -1,0 +1,73 @@
+"""The seed-spread verdict rule and claim rows (localsgd.experiments.claims) on hand-made values."""
+
+import math
+
+import pytest
+
+from localsgd.experiments import claims as c
+
+
+def test_one_seed_is_inconclusive_whatever_its_value():
+    for value in (-5.0, 0.0, 5.0):
+        v = c.verdict([value], -1.0, what="H=8 minus H=1", unit=" points")
+        assert v.outcome == c.INCONCLUSIVE and v.seeds == 1
+        assert "one seed" in v.reason
+
+
+def test_two_seeds_decide_only_outside_the_spread():
+    # both seeds above the threshold and the mean 3 sd away: held
+    assert c.verdict([2.0, 2.2], 1.0).outcome == c.HELD
+    # both below: did not hold
+    assert c.verdict([0.1, 0.3], 1.0).outcome == c.NOT_HELD
+    # the seeds straddle the threshold: inconclusive
+    v = c.verdict([0.5, 1.5], 1.0)
+    assert v.outcome == c.INCONCLUSIVE and "within the seed spread" in v.reason
+    # same side, but the mean is closer to the threshold than one sd: inconclusive
+    assert c.verdict([1.05, 1.6], 1.0).outcome == c.INCONCLUSIVE
+    # lower is better
+    assert c.verdict([0.02, 0.03], 0.1, higher_is_better=False).outcome == c.HELD
+    assert c.verdict([0.2, 0.3], 0.1, higher_is_better=False).outcome == c.NOT_HELD
+    v = c.verdict([2.0, 2.2], 1.0)
+    assert v.mean == pytest.approx(2.1) and v.sd == pytest.approx(math.sqrt(0.02)) and v.seeds == 2
+
+
+def test_deterministic_quantities_are_decided_by_the_value():
+    assert c.verdict(1.04, 1.0, deterministic=True).outcome == c.HELD
+    assert c.verdict(0.96, 1.0, deterministic=True).outcome == c.NOT_HELD
+    assert c.verdict(0.036, 0.1, higher_is_better=False, deterministic=True).outcome == c.HELD
+
+
+def test_unavailable_and_not_measurable():
+    assert c.verdict([1.0], 0.0, data_available=False).outcome == c.UNAVAILABLE
+    v = c.verdict([math.nan, None], 1.0)
+    assert v.outcome == c.NOT_MEASURABLE and "nan" not in str(v).lower()
+    # a seed that never reached the target is dropped, the others decide
+    assert c.verdict([2.0, math.nan, 2.1], 1.0).seeds == 2
+
+
+def test_combine_parts():
+    held, no, inc = (c.verdict([2.0, 2.1], 1.0), c.verdict([0.0, 0.1], 1.0),
+                     c.verdict([1.0], 0.0))
+    unav = c.verdict([1.0], 0.0, data_available=False)
+    assert c.combine([held, held]) == c.HELD
+    assert c.combine([held, no]) == c.NOT_HELD
+    assert c.combine([held, inc]) == c.INCONCLUSIVE
+    assert c.combine([held, unav]) == c.INCONCLUSIVE  # a part could not be judged
+    assert c.combine([unav, unav]) == c.UNAVAILABLE
+    assert c.combine([]) == c.UNAVAILABLE
+
+
+def test_claim_row_columns_and_no_nan():
+    v = c.verdict([2.0, 2.2], 1.0, what="speed-up", unit="x")
+    row = c.claim_row("Figure 6", "H=8", "speed-up", 2.1, unit="x", claim="local SGD is faster",
+                      verdict=v)
+    assert row["verdict"].startswith("held: ") and row["claim"] == "local SGD is faster"
+    assert row["value"] == 2.1 and row["unit"] == "x"
+    assert c.claim_row("Table 5", "s", "m", math.nan)["value"] is None
+    assert "claim" not in c.claim_row("Table 5", "s", "m", 1.0)
+    with pytest.raises(ValueError, match="needs a verdict"):
+        c.claim_row("A", "s", "m", 1.0, claim="x")
+    with pytest.raises(ValueError, match="does not start with"):
+        c.claim_row("A", "s", "m", 1.0, claim="x", verdict="probably fine")
+    with pytest.raises(ValueError, match="contains nan"):
+        c.claim_row("A", "s", "m", 1.0, claim="x", verdict="held: nan ± 0.1")
