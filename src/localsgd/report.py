@@ -1,15 +1,23 @@
-"""``figures/REPORT.md``: each source's own numbers beside ours.
+"""``figures/REPORT.md``: each source's own numbers beside ours, and README's results table.
 
 Joins ``papers/<source>/reported.csv`` with every ``figures/<id>.compare.csv`` on
-(artifact, setting, metric). A source row no figure matches is "not yet"; a matched row's
-status comes from the figure's scale: the source's configuration ("full scale") or a reduced one
-("reduced scale, indicative only"). Smoke-mode output never counts as a result.
+(artifact, setting, metric). Each source row is either a *result* (an outcome the source
+measured or derived: an accuracy, a time, a speed-up, a count) or a *setting* (a configuration
+value the source states: a batch size, a period, a number of GPUs); settings are counted apart
+and never enter the result counts. A result no figure matches is "not yet", split by what it
+needs (:func:`needs`); a matched result's status comes from the figure's scale: the source's
+configuration ("full scale"), a reduced one ("reduced scale, indicative only") or the timing
+model ("model prediction"). Smoke-mode output never counts as a result.
+
+``localsgd report`` writes ``figures/REPORT.md`` and regenerates the table between
+``<!-- results:begin -->`` and ``<!-- results:end -->`` in the README beside ``figures/``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +33,55 @@ STATUS_SMOKE = "smoke run only (not a result)"
 STATUS_MODEL = "model prediction, not a measurement"
 STATUS_QUALITATIVE = "full scale, qualitative (see note)"
 STATUS_NONE = "not yet"
+STATUS_SETTING = "setting"
+STATUSES = (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE, STATUS_REDUCED, STATUS_MODEL,
+            STATUS_SMOKE, STATUS_NONE)
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
+SIG_FIGS = 4  # numbers in the report and the README table
+
+# A source row is a *result* when its metric names an outcome; every other row (a batch size,
+# a period, a GPU count, a learning rate ...) is a setting the source states.
+RESULT_METRIC = re.compile(
+    r"speed-up|slowdown|top-1|acc|error|loss|training time|running time|time ratio|"
+    r"time-to-accuracy|latency|^parameters$|flops|syncs|^best |scaling advantage|scaling ratio|"
+    r"^f\*$|overcomes|threshold|bounds|^extra |models passing|new issues", re.IGNORECASE)
+SETTING_METRIC = re.compile(r"^target ", re.IGNORECASE)  # e.g. a time-to-accuracy target
+
+# what a result not yet compared needs, in order of precedence, and how it is recognised in
+# the row's artifact, setting, metric or note (all matched case-insensitively)
+NEED_CIFAR100 = "CIFAR-100"
+NEED_IMAGENET = "ImageNet"
+NEED_GPU = "GPUs"
+NEED_GRID = "outside the quick grid"
+NEED_NOTEBOOK = "no notebook yet"
+NEEDS = (NEED_CIFAR100, NEED_IMAGENET, NEED_GPU, NEED_GRID, NEED_NOTEBOOK)
+NEED_RULES = (
+    (NEED_CIFAR100, re.compile(r"cifar-?100|^figure 10$", re.IGNORECASE)),
+    (NEED_IMAGENET, re.compile(r"imagenet|^figure 8$|^section 4\.2\.2$", re.IGNORECASE)),
+    (NEED_GPU, re.compile(r"latency|running time|training time|speed-up|slowdown factor|nccl|"
+                          r"\bgpus?=", re.IGNORECASE)),
+)
+NEED_HOW = (
+    f"**{NEED_CIFAR100}** when the row's artifact, setting or note names CIFAR-100 (Figure 10, "
+    f"the CIFAR-100 cells of Tables 4-5), **{NEED_IMAGENET}** likewise for ImageNet (Figure 8, "
+    f"Section 4.2.2), **{NEED_GPU}** when it is a timing of the source's GPU runs (a latency, "
+    f"running or training time, speed-up or slowdown factor) or names NCCL or a GPU count; "
+    f"otherwise **{NEED_GRID}** when a "
+    f"notebook already compares other rows of the same artifact (the cell is in the paper "
+    f"configuration but not in the reduced quick-mode grid), else **{NEED_NOTEBOOK}**."
+)
+
+SOURCE_LABELS = {"lin2020_local_sgd": "Lin et al.", "cruise_meta_hsgd_blog": "HSGD blog",
+                 "fairscale_slowmo": "SlowMo doc", "dynamo_ddp_update": "Dynamo post"}
+OWN_LABEL = "this project"
+
+README_BEGIN = "<!-- results:begin -->"
+README_END = "<!-- results:end -->"
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and joining
+# ----------------------------------------------------------------------------------------------
 
 
 def load_reported(papers_dir: Path) -> pd.DataFrame:
@@ -53,7 +109,8 @@ def load_ours(figures_dir: Path) -> pd.DataFrame:
         (figures_dir / "paper").glob("*.compare.csv"))
     frames = [pd.read_csv(p, dtype={"setting": str, "metric": str}).assign(path=str(p))
               for p in paths]
-    cols = [*KEY, "value", "mode", "scale", "rel_tol", "figure", "claim", "verdict", "path"]
+    cols = [*KEY, "value", "unit", "mode", "scale", "rel_tol", "figure", "claim", "verdict",
+            "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     ours = pd.concat(frames, ignore_index=True)
@@ -65,6 +122,12 @@ def load_ours(figures_dir: Path) -> pd.DataFrame:
         raise ValueError("two figures report the same number in the same mode: "
                          + "; ".join(sorted(set(clash["path"]))) + " — rename one's setting")
     return ours.drop_duplicates(KEY).drop(columns="_rank")
+
+
+def is_setting(metric: object) -> bool:
+    """True when a source row with this metric states a configuration value, not a result."""
+    text = "" if pd.isna(metric) else str(metric)
+    return bool(SETTING_METRIC.search(text)) or not RESULT_METRIC.search(text)
 
 
 def _status(row: pd.Series) -> str:
@@ -85,114 +148,221 @@ def _status(row: pd.Series) -> str:
     return STATUS_FULL if agree else STATUS_DIFFERS
 
 
-def _fmt(x: object) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return ""
-    if isinstance(x, float):
-        return f"{x:.6g}"
-    return str(x).replace("|", "\\|").replace("\n", " ")
+def needs(row: pd.Series, compared_artifacts: set[tuple[str, str]]) -> str:
+    """What a result row no figure matches needs (one of ``NEEDS``); see ``NEED_HOW``."""
+    fields = [row.get(c) for c in ("artifact", "setting", "metric", "note")]
+    for need, pattern in NEED_RULES:
+        if any(isinstance(f, str) and pattern.search(f) for f in fields):
+            return need
+    if (row.get("source"), row.get("artifact")) in compared_artifacts:
+        return NEED_GRID
+    return NEED_NOTEBOOK
 
 
 def joined(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
+    """Every source row with ours beside it: ``status`` (one of ``STATUSES``), ``setting row``
+    (a configuration value, not a result), ``needs`` (for results not yet compared) and
+    ``ours / source`` (the plain ratio; the report shows it only where it means something)."""
     reported = load_reported(papers_dir)
-    ours = load_ours(figures_dir).rename(columns={"value": "ours"})
-    if "rel_tol" not in ours.columns:
-        ours["rel_tol"] = float("nan")
+    ours = load_ours(figures_dir).rename(columns={"value": "ours", "unit": "ours_unit"})
+    for col in ("rel_tol", "claim", "verdict"):
+        if col not in ours.columns:
+            ours[col] = float("nan")
     reported["value"] = pd.to_numeric(reported["value"], errors="coerce")
     table = reported.merge(ours, on=KEY, how="left")
     table["status"] = table.apply(_status, axis=1)
+    table["setting row"] = table["metric"].map(is_setting)
+    compared = {(s, a) for s, a, st, setting in
+                table[["source", "artifact", "status", "setting row"]].itertuples(index=False)
+                if st != STATUS_NONE and not setting}
+    table["needs"] = [
+        needs(row, compared) if (row["status"] == STATUS_NONE and not row["setting row"]) else ""
+        for _, row in table.iterrows()]
     ratio = pd.to_numeric(table["ours"], errors="coerce") / pd.to_numeric(table["value"],
                                                                           errors="coerce")
     table["ours / source"] = ratio
     return table
 
 
-def figure_index(figures_dir: Path) -> pd.DataFrame:
-    rows = []
-    for side in sorted(figures_dir.glob("*.json")) + sorted((figures_dir / "paper").glob("*.json")):
-        try:
-            meta = json.loads(side.read_text())
-        except json.JSONDecodeError:
+# ----------------------------------------------------------------------------------------------
+# Formatting
+# ----------------------------------------------------------------------------------------------
+
+
+def fmt_number(x: object, sig: int = SIG_FIGS) -> str:
+    """A number rounded to ``sig`` significant figures (integers up to 10^sig kept whole);
+    NaN and None are empty."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int | float):
+        if float(x).is_integer() and abs(x) < 10 ** (sig + 2):
+            return str(int(x))
+        return f"{float(f'{x:.{sig}g}'):g}" if abs(x) >= 1e-4 else f"{x:.{sig - 1}e}"
+    return str(x)
+
+
+def fmt_source(x: object) -> str:
+    """A source's number as printed (up to 7 significant figures): never rounded further."""
+    return fmt_number(x, 7)
+
+
+def _cell(x: object) -> str:
+    return fmt_number(x).replace("|", "\\|").replace("\n", " ")
+
+
+_INTERNAL_NAMES = (
+    (re.compile(r"\bhier(\d+)x(\d+)\b"), r"hierarchical \1×\2"),
+    (re.compile(r"\blocal:(\d+)"), r"local SGD H = \1"),
+    (re.compile(r"\bhsgd:([\d,\-]+)"), r"HSGD \1"),
+    (re.compile(r"\s*\(Q=2\)"), ""),
+    (re.compile(r"\bblog_hsgd_stragglers\b"), "the HSGD blog notebook"),
+    (re.compile(r"\bQ=1\b"), "blocking host"),
+    (re.compile(r"\bQ=2\b"), "host one step ahead"),
+    (re.compile(r"\bresnet20 w([\d.]+) B(\d+)"), r"ResNet-20, batch \2"),
+    (re.compile(r"\bmlp w(\d+) B(\d+)"), r"MLP of width \1, batch \2"),
+    (re.compile(r"\bembedding w(\d+) B(\d+)"), r"embedding of \1 rows, batch \2"),
+    (re.compile(r"\bnan\b"), "none"),
+)
+_LONG_FLOAT = re.compile(r"(?<![\w.])-?\d+\.\d{5,}")
+
+
+def plain(text: object) -> str:
+    """A notebook's verdict or claim for readers: internal run names spelled out, no ``nan``,
+    floats beyond 4 significant figures rounded."""
+    if not isinstance(text, str):
+        return ""
+    for pattern, repl in _INTERNAL_NAMES:
+        text = pattern.sub(repl, text)
+    return _LONG_FLOAT.sub(lambda m: fmt_number(float(m.group())), text)
+
+
+def short_verdict(verdict: object) -> str:
+    """The verdict's outcome in a few words (``held``, ``did not hold``, ...)."""
+    text = plain(verdict)
+    low = text.lower()
+    for key, short in (("did not hold", "did not hold"), ("unexplained", "unexplained"),
+                       ("outside the blog's range", "below the source's range"),
+                       ("within the blog's range", "within the source's range")):
+        if key in low:
+            return short
+    if low.startswith("held"):
+        return "held (mechanism)" if "(mechanism)" in low else "held"
+    m = re.match(r"(rule right in \d+ of \d+ settings)", low)
+    if m:
+        return m.group(1)
+    head = re.split(r";| \(", text, maxsplit=1)[0].strip()
+    return head if len(head) <= 48 else head[:47].rstrip() + "…"
+
+
+def _merge_min_max(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row for a ``<m> min`` / ``<m> max`` pair of the same source, artifact and setting:
+    metric ``<m> (min–max)``, source and ours as ranges."""
+    rows = rows.copy()
+    rows["_base"] = rows["metric"].str.replace(r" (min|max)$", "", regex=True)
+    rows["_end"] = rows["metric"].str.extract(r" (min|max)$", expand=False)
+    out = []
+    for _, group in rows.groupby(["source", "artifact", "setting", "_base"], sort=False,
+                                 dropna=False):
+        ends = set(group["_end"].dropna())
+        if ends != {"min", "max"} or len(group) != 2:
+            out.extend(r for _, r in group.iterrows())
             continue
-        if "figure" not in meta:
-            continue
-        git = meta.get("git") or {}
-        commit = (git.get("commit") or "")[:10] + (" (dirty)" if git.get("dirty") else "")
-        rows.append({"figure": meta["figure"], "mode": meta.get("mode"),
-                     "scale": meta.get("scale"), "wall s": meta.get("wall_seconds"),
-                     "commit": commit, "utc": meta.get("utc_time")})
-    return pd.DataFrame(rows, columns=["figure", "mode", "scale", "wall s", "commit", "utc"])
+        lo, hi = (group[group["_end"] == e].iloc[0] for e in ("min", "max"))
+        merged = lo.copy()
+        merged["metric"] = f"{lo['_base']} (min–max)"
+        merged["source value"] = f"{fmt_source(lo['value'])}–{fmt_source(hi['value'])}"
+        merged["ours value"] = (f"{fmt_number(lo['ours'])}–{fmt_number(hi['ours'])}"
+                                if not pd.isna(lo["ours"]) else "")
+        merged["ratio"] = (f"{fmt_number(lo['ours / source'], 3)}–"
+                           f"{fmt_number(hi['ours / source'], 3)}"
+                           if lo["show ratio"] else "")
+        out.append(merged)
+    return pd.DataFrame(out).drop(columns=["_base", "_end"])
+
+
+def _result_rows(part: pd.DataFrame) -> pd.DataFrame:
+    """A source's compared results for the report: ratio only where it means something (full
+    scale or a model prediction of the source's own setting), min/max pairs merged."""
+    part = part.copy()
+    part["show ratio"] = part["scale"].isin(["full", "model"])
+    part["source value"] = part["value"].map(fmt_source)
+    part["ours value"] = part["ours"].map(
+        lambda v: fmt_number(pd.to_numeric(v, errors="coerce")) if not pd.isna(v) else "")
+    part["ratio"] = [fmt_number(r, 3) if show else "" for r, show in
+                     zip(part["ours / source"], part["show ratio"], strict=True)]
+    return _merge_min_max(part)
 
 
 def _md_table(df: pd.DataFrame) -> str:
     head = "| " + " | ".join(df.columns) + " |"
     sep = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    body = ["| " + " | ".join(_cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([head, sep, *body])
 
 
-def render(papers_dir: Path, figures_dir: Path) -> str:
-    table = joined(papers_dir, figures_dir)
-    figs = figure_index(figures_dir)
-    counts = table["status"].value_counts()
-    lines = [
-        "# Paper vs reproduced",
-        "",
-        ("Generated by `localsgd report` (run at the end of `make reproduce`) from "
-         "`papers/*/reported.csv` and `figures/*.compare.csv`. Do not edit by hand."),
-        "",
-        ("Status: **" + STATUS_FULL + "** — our run used the source's configuration and "
-         f"agrees within {DEFAULT_REL_TOL:.0%} (or the row's own tolerance); **" + STATUS_DIFFERS
-         + "** — same configuration, different number: a result, discussed in "
-         "`papers/<source>/notes.md`; **" + STATUS_REDUCED + "** — the same experiment at "
-         "reduced scale (fewer seeds, steps or a smaller grid), a sanity check, not a "
-         "reproduction; **" + STATUS_MODEL + "** — the timing model's prediction for the "
-         "source's setting (systems results this machine cannot run), not a measurement; **"
-         + STATUS_NONE + "** — no notebook produces this number yet."),
-        "",
-        "Summary: " + ", ".join(f"{counts.get(s, 0)} {s}" for s in
-                                (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE,
-                                 STATUS_REDUCED, STATUS_MODEL, STATUS_SMOKE, STATUS_NONE)) + ".",
-        "",
-        "## Figures",
-        "",
-        _md_table(figs) if len(figs) else "(no figures yet)",
-        "",
-    ]
-    claims = _claims(table)
-    if len(claims):
-        lines += ["## Claims", "",
-                  ("A source's claim tested by a notebook, with the notebook's verdict at the "
-                   "scale it ran (a reduced-scale verdict is indicative only)."), "",
-                  _md_table(claims), ""]
-    own = own_claims(papers_dir, figures_dir)
-    if len(own):
-        lines += ["## This project's own claims", "",
-                  ("Checks a notebook states about this project's tools (e.g. the timing model "
-                   "against real runs); no source number stands beside them."), "",
-                  _md_table(own), ""]
-    for source, part in table.groupby("source", sort=True):
-        lines += [f"## {source}", ""]
-        done = part[part["status"] != STATUS_NONE]
-        if len(done):
-            show = done[["artifact", "setting", "metric", "value", "unit", "ours", "ours / source",
-                         "mode", "scale", "status", "note"]].rename(columns={"value": "source"})
-            lines += [_md_table(show), ""]
-        todo = part[part["status"] == STATUS_NONE].groupby("artifact", sort=False).size()
-        if len(todo):
-            # set-up numbers and results no notebook produces yet: counted, not listed
-            lines += ["Not yet compared (numbers per artifact; see `reported.csv`): "
-                      + ", ".join(f"{a} ({n})" for a, n in todo.items()) + ".", ""]
-    return "\n".join(lines)
+# ----------------------------------------------------------------------------------------------
+# The summary, the claims, the README table
+# ----------------------------------------------------------------------------------------------
 
 
-def _claims(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows whose figure stated a claim and a verdict (compare columns ``claim``/``verdict``)."""
-    cols = ["artifact", "claim", "verdict", "ours", "unit", "mode", "scale"]
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Counts by status (results only, a min/max pair counted once), "not yet" split by need,
+    then the settings, counted apart."""
+    results = table[~table["setting row"]]
+    results = results.assign(_pair=results["metric"].str.replace(r" (min|max)$", "", regex=True))
+    results = results.drop_duplicates(["source", "artifact", "setting", "_pair"])
+    rows = []
+    for status in STATUSES:
+        part = results[results["status"] == status]
+        if status == STATUS_NONE:
+            for need in NEEDS:
+                n = int((part["needs"] == need).sum())
+                rows.append({"status": f"not yet: needs {need}" if need not in
+                             (NEED_GRID, NEED_NOTEBOOK) else f"not yet: {need}", "rows": n})
+        elif len(part) or status not in (STATUS_SMOKE, STATUS_QUALITATIVE):
+            rows.append({"status": status, "rows": len(part)})
+    rows.append({"status": "**results**", "rows": len(results)})
+    settings = table[table["setting row"]]
+    compared = int((settings["status"] != STATUS_NONE).sum())
+    rows.append({"status": f"settings (configuration values the sources state; {compared} "
+                           "set beside ours)", "rows": len(settings)})
+    return pd.DataFrame(rows)
+
+
+def claims(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per claim a notebook tested: artifact, claim, ours, scale, short verdict and the
+    verdict in full (plain words). Rows of one claim (a min/max pair) are merged."""
+    cols = ["source", "artifact", "claim", "ours", "scale", "verdict", "detail"]
     if "verdict" not in table.columns:
         return pd.DataFrame(columns=cols)
     rows = table[table["verdict"].notna() & (table["verdict"].astype(str) != "")]
-    return rows[cols]
+    out = []
+    for (source, artifact, claim), group in rows.groupby(["source", "artifact", "claim"],
+                                                         sort=False):
+        vals = [] if group["setting row"].all() else [
+            v for v in pd.to_numeric(group.loc[~group["setting row"], "ours"], errors="coerce")
+            if not pd.isna(v)]
+        unit = next((u for u in group["unit"] if isinstance(u, str) and u), "")
+        ours = "–".join(fmt_number(v, 3) for v in sorted(vals)) if vals else ""
+        if ours and unit:
+            ours += {"%": " %", "x": "×"}.get(unit, f" {unit}")
+        if ours and "top-1" in str(group["metric"].iloc[0]) and len(vals) == 1:
+            cell = re.sub(r"\b(model|dataset)=", "", str(group["setting"].iloc[0]))
+            ours += f" top-1 at {cell}"  # which cell the number is
+        out.append({"source": SOURCE_LABELS.get(source, source), "artifact": artifact,
+                    "claim": plain(claim), "ours": ours or "—",
+                    "scale": _scale_label(group.iloc[0]),
+                    "verdict": short_verdict(group["verdict"].iloc[0]),
+                    "detail": plain(group["verdict"].iloc[0])})
+    return pd.DataFrame(out, columns=cols)
+
+
+def _scale_label(row: pd.Series) -> str:
+    scale, mode = row.get("scale"), row.get("mode")
+    label = {"full": "full", "reduced": "reduced", "model": "model"}.get(scale, str(scale))
+    return f"{label} ({mode} mode)" if mode == "paper" else label
 
 
 def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
@@ -209,6 +379,203 @@ def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     return rows[[c for c in cols if c in rows.columns]].rename(columns={"value": "ours"})
 
 
-def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None) -> Path:
+def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
+    """README's table: claim · ours · scale · verdict, short cells. Every claim a notebook
+    tested, every artifact whose numbers are compared at full scale without a claim, and the
+    project's own checks."""
+    table = joined(papers_dir, figures_dir)
+    rows = []
+    tested = claims(table)
+    for source, part in table.groupby("source", sort=False):
+        label = SOURCE_LABELS.get(source, source)
+        for artifact, group in part.groupby("artifact", sort=False):
+            for _, c in tested[(tested["source"] == label)
+                               & (tested["artifact"] == artifact)].iterrows():
+                rows.append({"claim": f"{label}, {artifact}: {_short(c['claim'])}",
+                             "ours": c["ours"], "scale": c["scale"], "verdict": c["verdict"]})
+            done = group[group["status"].isin([STATUS_FULL, STATUS_DIFFERS])
+                         & ~group["setting row"]
+                         & (group["verdict"].isna() | (group["verdict"].astype(str) == ""))]
+            if not len(done):
+                continue
+            same = int((done["status"] == STATUS_FULL).sum())
+            if len(done) <= 2:  # a number or two: show them
+                ours = "; ".join(
+                    f"{fmt_number(pd.to_numeric(r['ours'], errors='coerce'))} vs "
+                    f"{fmt_source(r['value'])}" for _, r in done.iterrows())
+                what = "; ".join(str(m) for m in dict.fromkeys(done["metric"]))
+                claim = f"{label}, {artifact}: {what} (ours vs source)"
+            else:
+                ours = f"{same} of {len(done)} numbers within tolerance"
+                claim = f"{label}, {artifact}: the source's numbers"
+            rows.append({"claim": claim, "ours": ours, "scale": _scale_label(done.iloc[0]),
+                         "verdict": "reproduced" if same == len(done)
+                         else f"{len(done) - same} differ (see notes)"})
+    for _, c in own_claims(papers_dir, figures_dir).iterrows():
+        ours = fmt_number(pd.to_numeric(c["ours"], errors="coerce"), 3)
+        rows.append({"claim": f"{OWN_LABEL}, {c['artifact']}: {_short(plain(c['claim']))}",
+                     "ours": f"{ours} %" if "error" in str(c["metric"]) else ours,
+                     "scale": _scale_label(c), "verdict": short_verdict(c["verdict"])})
+    return pd.DataFrame(rows, columns=["claim", "ours", "scale", "verdict"])
+
+
+def _short(text: str, limit: int = 120) -> str:
+    if len(text) <= limit:
+        return text
+    for sep in (": ", " (", "; ", ", "):
+        head = text.split(sep, 1)[0]
+        if 20 <= len(head) <= limit:
+            return head
+    return text[: limit - 1].rstrip() + "…"
+
+
+def readme_block(papers_dir: Path, figures_dir: Path) -> str:
+    """The README's results table with its markers (generated; do not edit by hand)."""
+    return "\n".join([
+        README_BEGIN,
+        "<!-- generated by `localsgd report` from figures/*.compare.csv; do not edit -->",
+        _md_table(results_table(papers_dir, figures_dir)),
+        README_END,
+    ])
+
+
+def update_readme(readme: Path, papers_dir: Path, figures_dir: Path) -> bool:
+    """Replace the README's marked results table; False (and nothing written) when the README
+    has no markers or already holds the current table."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        return False
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    new = head + readme_block(papers_dir, figures_dir) + tail
+    if new == text:
+        return False
+    write_text(readme, new)
+    return True
+
+
+# ----------------------------------------------------------------------------------------------
+# REPORT.md
+# ----------------------------------------------------------------------------------------------
+
+
+def figure_index(figures_dir: Path) -> pd.DataFrame:
+    rows = []
+    for side in sorted(figures_dir.glob("*.json")) + sorted((figures_dir / "paper").glob("*.json")):
+        try:
+            meta = json.loads(side.read_text())
+        except json.JSONDecodeError:
+            continue
+        if "figure" not in meta:
+            continue
+        git = meta.get("git") or {}
+        commit = (git.get("commit") or "")[:10] + (" (dirty)" if git.get("dirty") else "")
+        wall = meta.get("wall_seconds")
+        rows.append({"figure": meta["figure"], "mode": meta.get("mode"),
+                     "scale": meta.get("scale"),
+                     "wall s": round(wall, 1) if isinstance(wall, int | float) else wall,
+                     "commit": commit, "utc": meta.get("utc_time")})
+    return pd.DataFrame(rows, columns=["figure", "mode", "scale", "wall s", "commit", "utc"])
+
+
+def render(papers_dir: Path, figures_dir: Path) -> str:
+    table = joined(papers_dir, figures_dir)
+    figs = figure_index(figures_dir)
+    lines = [
+        "# Paper vs reproduced",
+        "",
+        ("Generated by `localsgd report` (run at the end of `make reproduce`) from "
+         "`papers/*/reported.csv` and `figures/*.compare.csv`. Do not edit by hand."),
+        "",
+        "## Summary",
+        "",
+        _md_table(summary(table)),
+        "",
+        "What the statuses mean:",
+        "",
+        (f"- **{STATUS_FULL}**: our run used the source's configuration and agrees within "
+        f"{DEFAULT_REL_TOL:.0%} (or the row's own tolerance)."),
+        (f"- **{STATUS_DIFFERS}**: same configuration, different number; a result, discussed in "
+        "`papers/<source>/notes.md`."),
+        (f"- **{STATUS_REDUCED}**: the same experiment at reduced scale (fewer seeds, steps, "
+        "images or a narrower model); a sanity check, not a reproduction. No ratio to the "
+        "source is shown: a reduced-scale accuracy is not comparable with a full-scale one."),
+        (f"- **{STATUS_MODEL}**: the timing model's prediction for the source's setting (systems "
+        "results this machine cannot run)."),
+        f"- **{STATUS_NONE}**: no notebook produces this number yet, split by what it needs: "
+        + NEED_HOW,
+        ("- **settings**: configuration values a source states (batch sizes, periods, GPU "
+        "counts, learning rates). They are not results and are not counted as such; the few "
+        "a notebook sets beside its own value are listed under each source."),
+        "",
+        (f"Numbers are rounded to {SIG_FIGS} significant figures; a min/max pair of the same "
+        "setting is one row (and one result)."),
+        "",
+        "## Figures",
+        "",
+        _md_table(figs) if len(figs) else "(no figures yet)",
+        "",
+    ]
+    tested = claims(table)
+    if len(tested):
+        lines += ["## Claims", "",
+                  ("A source's claim tested by a notebook, with the notebook's verdict at the "
+                   "scale it ran (a reduced-scale verdict is indicative only)."), "",
+                  _md_table(tested.drop(columns=["source"]).rename(
+                      columns={"verdict": "outcome", "detail": "verdict"})), ""]
+    own = own_claims(papers_dir, figures_dir)
+    if len(own):
+        own = own.assign(claim=own["claim"].map(plain), verdict=own["verdict"].map(plain))
+        lines += ["## This project's own claims", "",
+                  ("Checks a notebook states about this project's tools (e.g. the timing model "
+                   "against real runs); no source number stands beside them."), "",
+                  _md_table(own), ""]
+    for source, part in table.groupby("source", sort=True):
+        lines += [f"## {source}", ""]
+        done = part[(part["status"] != STATUS_NONE) & ~part["setting row"]]
+        if len(done):
+            show = _result_rows(done)[["artifact", "setting", "metric", "source value", "unit",
+                                       "ours value", "ratio", "mode", "scale", "status",
+                                       "note"]]
+            show = show.rename(columns={"source value": "source", "ours value": "ours",
+                                        "ratio": "ours / source"})
+            show["note"] = show["note"].map(plain)
+            lines += [_md_table(show), ""]
+        set_beside = part[(part["status"] != STATUS_NONE) & part["setting row"]]
+        if len(set_beside):
+            show = set_beside.assign(
+                source_v=set_beside["value"].map(fmt_source),
+                ours_v=pd.to_numeric(set_beside["ours"], errors="coerce").map(fmt_number),
+                note=set_beside["note"].map(plain))
+            show = show[["artifact", "setting", "metric", "source_v", "unit", "ours_v", "mode",
+                         "note"]].rename(columns={"source_v": "source", "ours_v": "ours"})
+            lines += ["Settings a notebook sets beside its own value (not results):", "",
+                      _md_table(show), ""]
+        todo = part[(part["status"] == STATUS_NONE) & ~part["setting row"]]
+        if len(todo):
+            by_need = todo.groupby("needs", sort=False)
+            parts = []
+            for need in NEEDS:
+                if need not in by_need.groups:
+                    continue
+                arts = by_need.get_group(need).groupby("artifact", sort=False).size()
+                parts.append(f"{need}: " + ", ".join(f"{a} ({n})" for a, n in arts.items()))
+            lines += [("Results not yet compared, by what they need (rows per artifact; see "
+                      "`reported.csv`):"), "", *[f"- {p}" for p in parts], ""]
+        n_settings = int(part["setting row"].sum())
+        if n_settings:
+            lines += [f"Settings stated by this source: {n_settings} (not results).", ""]
+    return "\n".join(lines)
+
+
+def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None,
+                 readme: Path | None = None) -> Path:
+    """Write REPORT.md; also refresh the README's results table (``readme``, or the
+    ``README.md`` beside a folder named ``figures``) when that README has the markers."""
     out = out or figures_dir / "REPORT.md"
-    return write_text(out, render(papers_dir, figures_dir))
+    path = write_text(out, render(papers_dir, figures_dir))
+    if readme is None and Path(figures_dir).name == "figures":
+        readme = Path(figures_dir).parent / "README.md"
+    if readme is not None and Path(readme).is_file():
+        update_readme(Path(readme), papers_dir, figures_dir)
+    return path
