@@ -519,17 +519,26 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
     tested = claims(table)
     if len(tested):
         lines += ["## Claims", "",
-                  ("A source's claim tested by a notebook, with the notebook's verdict at the "
-                   "scale it ran (a reduced-scale verdict is indicative only)."), "",
-                  _md_table(tested.drop(columns=["source"]).rename(
-                      columns={"verdict": "outcome", "detail": "verdict"})), ""]
+                  ("A source's claim tested by a notebook, with the outcome at the scale it ran "
+                   "(a reduced-scale outcome is indicative only); each verdict in full below."),
+                  "", _md_table(tested[["source", "artifact", "claim", "ours", "scale",
+                                        "verdict"]].rename(columns={"verdict": "outcome"})),
+                  "", "Verdicts in full:", ""]
+        lines += [f"- **{c.source}, {c.artifact}** ({c.claim}): {c.detail}"
+                  for c in tested.itertuples(index=False)]
+        lines += [""]
     own = own_claims(papers_dir, figures_dir)
     if len(own):
         own = own.assign(claim=own["claim"].map(plain), verdict=own["verdict"].map(plain))
         lines += ["## This project's own claims", "",
                   ("Checks a notebook states about this project's tools (e.g. the timing model "
                    "against real runs); no source number stands beside them."), "",
-                  _md_table(own), ""]
+                  _md_table(own.assign(outcome=own["verdict"].map(short_verdict))[
+                      ["artifact", "setting", "metric", "claim", "ours", "mode", "scale",
+                       "outcome"]]), "", "Verdicts in full:", ""]
+        lines += [f"- **{c.artifact}, {c.setting}**: {c.verdict}"
+                  for c in own.itertuples(index=False)]
+        lines += [""]
     for source, part in table.groupby("source", sort=True):
         lines += [f"## {source}", ""]
         done = part[(part["status"] != STATUS_NONE) & ~part["setting row"]]
