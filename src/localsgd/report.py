@@ -419,14 +419,19 @@ def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["claim", "ours", "scale", "verdict"])
 
 
-def _short(text: str, limit: int = 120) -> str:
+def _short(text: str, limit: int = 90) -> str:
+    """The longest prefix of ``text`` up to ``limit`` characters that ends at a clause break
+    (``; ``, ``: ``, ``, `` or before `` (``) outside parentheses; else cut at a word."""
     if len(text) <= limit:
         return text
-    for sep in (": ", " (", "; ", ", "):
-        head = text.split(sep, 1)[0]
-        if 20 <= len(head) <= limit:
-            return head
-    return text[: limit - 1].rstrip() + "…"
+    best = ""
+    for m in re.finditer(r"; |: |, | \(", text):
+        head = text[: m.start()]
+        if len(head) > limit:
+            break
+        if head.count("(") == head.count(")") and len(head) >= 20:
+            best = head
+    return best or text[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
 def readme_block(papers_dir: Path, figures_dir: Path) -> str:
