@@ -271,3 +271,26 @@ def test_shell_command_parses(block, cmd, flags):
     text = help_text(cmd)
     unknown = [f for f in flags if f not in text]
     assert not unknown, f"{block.id}: `{' '.join(cmd)}` has no option(s) {unknown}"
+
+
+# ---- every `localsgd.x.y` the pages name exists -------------------------------------------
+
+NAMES = sorted({(page.name, m.group(1)) for page in PAGES
+                for m in re.finditer(r"`(localsgd(?:\.\w+)+)", page.read_text())})
+
+
+@pytest.mark.parametrize(("page", "name"), NAMES, ids=[f"{p}:{n}" for p, n in NAMES])
+def test_named_api_exists(page, name):
+    import importlib
+
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[i:]:
+            assert hasattr(obj, attr), f"{page} names `{name}`: {obj!r} has no {attr!r}"
+            obj = getattr(obj, attr)
+        return
+    pytest.fail(f"{page} names `{name}`, which does not import")

@@ -2,7 +2,7 @@
 figure's own CSV, rounded as quoted, so a re-run of the notebooks cannot leave them stale.
 
 Each check is (file, a pattern whose groups are the quoted numbers, how to compute those numbers
-from figures/). A pattern that no longer matches fails too: rewording a sentence means updating
+from figures/); the file's line breaks count as spaces. A pattern that no longer matches fails too: rewording a sentence means updating
 its check here. The README's results table is generated (tests/test_report.py checks it).
 """
 
@@ -180,7 +180,7 @@ def _decimals(text: str) -> int:
 @pytest.mark.parametrize(("path", "pattern", "compute"), CHECKS,
                          ids=[f"{p}:{i}" for i, (p, _, _) in enumerate(CHECKS)])
 def test_quoted_number_equals_the_figure(path, pattern, compute):
-    text = (ROOT / path).read_text()
+    text = " ".join((ROOT / path).read_text().split())  # line breaks are spaces
     matches = list(re.finditer(pattern, text))
     assert matches, f"{path}: the quoted text {pattern!r} is gone; update tests/test_stale_numbers"
     want = compute()
