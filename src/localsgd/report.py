@@ -513,8 +513,8 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         "counts, learning rates). They are not results and are not counted as such; the few "
         "a notebook sets beside its own value are listed under each source."),
         "",
-        (f"Numbers are rounded to {SIG_FIGS} significant figures; a min/max pair of the same "
-        "setting is one row (and one result)."),
+        (f"Our numbers are rounded to {SIG_FIGS} significant figures (the sources' as "
+         "printed); a min/max pair of the same setting is one row (and one result)."),
         "",
         "## Figures",
         "",
