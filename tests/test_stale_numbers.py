@@ -101,6 +101,25 @@ def table02_fit() -> tuple[float, float, float]:
     return loo, short.min(), short.max()
 
 
+def timing_validation_errors() -> tuple[float, float]:
+    """(largest, median) |predicted / measured speed-up - 1| in % over the runs with stalls."""
+    df = pd.read_csv(FIG / "timing_validation.compare.csv", dtype={"setting": str})
+    runs = df[df["setting"].str.startswith("workers=")]
+    err = 100 * (runs["value"] - 1).abs()
+    return err.max(), err.median()
+
+
+def blog_ranges() -> tuple[float, ...]:
+    ours = pd.read_csv(FIG / "blog_hsgd_stragglers.compare.csv", dtype={"setting": str})
+    out = []
+    for gpus in (64, 128, 256):
+        for end in ("min", "max"):
+            row = ours[(ours["setting"] == f"GPUs={gpus}; methods=HSGD")
+                       & (ours["metric"] == f"speed-up {end}")]
+            out.append(float(row["value"].iloc[0]))
+    return tuple(out)
+
+
 FIG04 = "paper/fig04_convex_time"
 FIG04_Q = "fig04_convex_time"
 SET_64 = "K=16; B_loc=64; H=1 vs B_loc=16; H=16"
@@ -117,6 +136,18 @@ CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
     ("README.md", rf"hierarchical SGD {NUM}–{NUM} % below the blog", blog_gap_pct),
     ("README.md", rf"best β = {NUM}: {NUM} ± {NUM} points vs local SGD alone", slowmo_best),
     ("README.md", rf"compiled DDP ran at {NUM}–{NUM}× eager", dynamo_speed),
+    # docs/systems.md
+    ("docs/systems.md", rf"speed-up was {NUM} % \(median {NUM} %;", timing_validation_errors),
+    ("docs/systems.md", (rf"speed-ups are {NUM}–{NUM}× \(64 GPUs\), {NUM}–{NUM}× \(128\) and "
+                        rf"{NUM}–{NUM}× \(256\)"), blog_ranges),
+    ("docs/systems.md", rf"break-even at {NUM} % here",
+     lambda: (compare("blog_hsgd_stragglers", "mild stragglers", "slowdown threshold"),)),
+    ("docs/systems.md", rf"predicted from the other five within {NUM} %",
+     lambda: table02_fit()[:1]),
+    ("docs/systems.md", rf"\({NUM}–{NUM} % low\), and", lambda: table02_fit()[1:]),
+    ("docs/systems.md", rf"compiled DDP ran at {NUM}–{NUM}× eager's speed", dynamo_speed),
+    ("docs/systems.md", r"within (\d\.\d)e-5 relative",
+     lambda: (csv("dynamo_ddp")["loss_max_rel_diff"].max() / 1e-5,)),
     # SlowMo, wherever it is quoted
     ("docs/systems.md", rf"best, β = {NUM}: {NUM} ± {NUM} points", slowmo_best),
     ("docs/systems.md", rf"H = 1 minus local SGD: {NUM} ± {NUM} points",
