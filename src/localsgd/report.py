@@ -348,9 +348,12 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
         ours = "–".join(fmt_number(v, 3) for v in sorted(vals)) if vals else ""
         if ours and unit:
             ours += {"%": " %", "x": "×"}.get(unit, f" {unit}")
-        if ours and "top-1" in str(group["metric"].iloc[0]) and len(vals) == 1:
+        metric = re.sub(r" (min|max)$", "", str(group["metric"].iloc[0]))
+        if ours and "top-1" in metric and len(vals) == 1:
             cell = re.sub(r"\b(model|dataset)=", "", str(group["setting"].iloc[0]))
             ours += f" top-1 at {cell}"  # which cell the number is
+        elif ours:
+            ours += f" ({metric})"  # what the number measures
         out.append({"source": SOURCE_LABELS.get(source, source), "artifact": artifact,
                     "claim": plain(claim), "ours": ours or "—",
                     "scale": _scale_label(group.iloc[0]),
@@ -399,18 +402,21 @@ def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
             if not len(done):
                 continue
             same = int((done["status"] == STATUS_FULL).sum())
-            if len(done) <= 2:  # a number or two: show them
-                ours = "; ".join(
-                    f"{fmt_number(pd.to_numeric(r['ours'], errors='coerce'))} vs "
-                    f"{fmt_source(r['value'])}" for _, r in done.iterrows())
-                what = "; ".join(str(m) for m in dict.fromkeys(done["metric"]))
-                claim = f"{label}, {artifact}: {what} (ours vs source)"
-            else:
-                ours = f"{same} of {len(done)} numbers within tolerance"
-                claim = f"{label}, {artifact}: the source's numbers"
-            rows.append({"claim": claim, "ours": ours, "scale": _scale_label(done.iloc[0]),
+            if len(done) <= 2:  # a number or two: one row each
+                for _, r in done.iterrows():
+                    ours = fmt_number(pd.to_numeric(r["ours"], errors="coerce"))
+                    rows.append({
+                        "claim": f"{label}, {artifact}: {r['metric']} at {r['setting']}",
+                        "ours": f"{ours} (source: {fmt_source(r['value'])})",
+                        "scale": _scale_label(r),
+                        "verdict": "reproduced" if r["status"] == STATUS_FULL
+                        else "differs (see notes)"})
+                continue
+            rows.append({"claim": f"{label}, {artifact}: the source's numbers",
+                         "ours": f"{same} of {len(done)} numbers within tolerance",
+                         "scale": _scale_label(done.iloc[0]),
                          "verdict": "reproduced" if same == len(done)
-                         else f"{len(done) - same} differ (see notes)"})
+                         else f"{len(done) - same} of {len(done)} differ (see notes)"})
     for _, c in own_claims(papers_dir, figures_dir).iterrows():
         ours = fmt_number(pd.to_numeric(c["ours"], errors="coerce"), 3)
         rows.append({"claim": f"{OWN_LABEL}, {c['artifact']}: {_short(plain(c['claim']))}",
