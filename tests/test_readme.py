@@ -294,3 +294,16 @@ def test_named_api_exists(page, name):
             obj = getattr(obj, attr)
         return
     pytest.fail(f"{page} names `{name}`, which does not import")
+
+
+def test_relative_links_resolve():
+    """Every relative link and image of README.md and docs/ points at a file in the repo."""
+    broken = []
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://|#|mailto:", target):
+                continue
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.name}: {target}")
+    assert not broken, f"links to missing files: {broken}"
