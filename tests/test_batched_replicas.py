@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine, make_engine
 from localsgd.outer import OuterUpdate
-from localsgd.replicas import BatchedReplicaEngine, ReplicaEngine, make_engine
 from localsgd.schedule import SyncSchedule, Topology
 
 torch.set_num_threads(1)

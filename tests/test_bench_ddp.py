@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from localsgd import bench_ddp
-from localsgd.bench_ddp import BenchConfig
+from localsgd.bench import ddp as bench_ddp
+from localsgd.bench.ddp import BenchConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def test_cli_bad_mode_exits_with_the_reason(capsys):
 def test_registered_as_localsgd_bench_ddp():
     from localsgd.cli import BENCHES
 
-    assert BENCHES["ddp"] == "localsgd.bench_ddp"
+    assert BENCHES["ddp"] == "localsgd.bench.ddp"
 
 
 def test_paper_yaml_is_the_sources_configuration():

@@ -321,7 +321,7 @@ def test_fig_tables_on_synthetic_problem():
 def test_bench_prints_one_json_line(capsys):
     import json
 
-    from localsgd.convex import bench
+    from localsgd.bench import convex as bench
 
     argv = ["--K", "2", "--B-loc", "2", "--step-sizes", "2", "--seeds", "1", "--steps", "3",
             "--repeats", "1", "--ref-runs", "1", "--data", "synthetic", "--json"]

@@ -1,5 +1,6 @@
-"""The torchrun runner (`localsgd.ddp`): DDP engine == replica engine through the one training
-loop, stragglers and the waiting split, exact resume after SIGKILL, failures, two loopback nodes.
+"""The torchrun runner (`localsgd.runner`, engine `localsgd.engines.ddp`): DDP engine == replica
+engine through the one training loop, stragglers and the waiting split, exact resume after
+SIGKILL, failures, two loopback nodes.
 
 Every test starts 2-4 gloo processes on CPU with tiny models on the synthetic image set.
 """
@@ -144,7 +145,7 @@ def _config(tmp_path: Path, **values) -> Path:
 
 def _torchrun(nproc: int, *args: str, launcher: tuple[str, ...] = ("--standalone",),
               timeout: float = 120, **popen) -> subprocess.CompletedProcess:
-    cmd = [TORCHRUN, *launcher, "--nproc-per-node", str(nproc), "-m", "localsgd.ddp",
+    cmd = [TORCHRUN, *launcher, "--nproc-per-node", str(nproc), "-m", "localsgd.runner",
            "--no-progress", *args]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
                           **popen)
@@ -171,7 +172,7 @@ def test_stalled_worker_delays_its_own_group_only(tmp_path):
 
 
 def test_random_stragglers_are_seeded_per_worker_and_step():
-    from localsgd.timing import Stragglers
+    from localsgd.timing.stragglers import Stragglers
 
     s = Stragglers(seconds=1.0, rate=0.3, seed=5)
     draws = [[s.stall(r, t) for t in range(1, 201)] for r in range(4)]
@@ -215,6 +216,7 @@ def test_sigkill_dead_worker_corrupt_checkpoint_and_exact_resume(tmp_path):
     ckpts = run / "checkpoints"
 
     def start(*extra: str) -> subprocess.Popen:
+        # the runner's old launch command (`localsgd.ddp`, an alias of `localsgd.runner`)
         cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
                "--no-progress", *common, "--out", str(run), *extra]
         return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -276,7 +278,7 @@ def test_sigkill_dead_worker_corrupt_checkpoint_and_exact_resume(tmp_path):
     assert ta.stall_s.tolist() == tb.stall_s.tolist()  # the same stalls at the same steps
 
     # another configuration (or world size) is refused, naming the difference
-    from localsgd.train import load_checkpoint
+    from localsgd.checkpoint import load_checkpoint
 
     saved = max(ckpts.glob("run.rank0.step*.pt"))
     values = {**TINY, "epochs": 4.0, "post_local_warmup_epochs": 0.25,
@@ -291,7 +293,7 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
     # bad launch cannot hang a rank waiting for the others), exits 2 and names the problem.
     # Which rank's message reaches stderr under torchrun is a race (torchrun stops the other
     # ranks once one exits), so each rank's own check is run here in-process, one at a time.
-    from localsgd import ddp
+    from localsgd.runner import main
 
     def no_process_group(*_, **__):
         raise AssertionError("a process group was initialised before validation failed")
@@ -304,7 +306,7 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
     for rank in range(2):
         monkeypatch.setenv("RANK", str(rank))
         monkeypatch.setenv("WORLD_SIZE", "2")
-        assert ddp.main(args) == 2
+        assert main(args) == 2
         err = capsys.readouterr().err
         assert f"[rank {rank}] {needs}" in err, err
         assert "multiples of 2 (2, 4, 6, 8, ...)" in err
@@ -320,7 +322,7 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
 def test_config_from_yaml_and_flags_is_checked_before_launch(tmp_path):
     import argparse
 
-    from localsgd.ddp import add_run_arguments, resolve_config
+    from localsgd.runner import add_run_arguments, resolve_config
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)
@@ -351,7 +353,7 @@ def test_two_nodes_on_loopback(tmp_path):
             port = s.getsockname()[1]
         launch = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
         args = ["--config", str(cfg), "--nodes", "2", "--procs-per-node", "2", "--out", str(out)]
-        cmd = [TORCHRUN, *launch, "--nproc-per-node", "2", "-m", "localsgd.ddp",
+        cmd = [TORCHRUN, *launch, "--nproc-per-node", "2", "-m", "localsgd.runner",
                "--no-progress", *args]
         procs = [subprocess.Popen([*cmd[:1], "--node-rank", str(n), *cmd[1:]], env=_env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -386,8 +388,8 @@ def test_compiled_loss_curve_matches_eager(tmp_path):
 
 
 def test_sweep_runs_several_configurations_in_one_launch(tmp_path):
-    # one torch start-up for a grid (localsgd.validation's launches): each entry sets its own
-    # schedule and stragglers over the shared --config and flags; same seed = same stall draws
+    # one torch start-up for a grid (localsgd.experiments.timing_validation's launches): each
+    # entry sets its own schedule and stragglers over the shared --config and flags; same seed = same stall draws
     import yaml
 
     sweep = tmp_path / "sweep.yaml"
@@ -417,7 +419,7 @@ def test_sweep_entries_are_checked_before_launch(tmp_path):
 
     import yaml
 
-    from localsgd.ddp import add_run_arguments, sweep_runs
+    from localsgd.runner import add_run_arguments, sweep_runs
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)

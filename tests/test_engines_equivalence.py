@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from localsgd.distributed import spawn
+from localsgd.engines.common import worker_generator
+from localsgd.engines.replicas import ReplicaEngine
 from localsgd.outer import OuterUpdate
-from localsgd.replicas import ReplicaEngine, worker_generator
 from localsgd.schedule import SyncSchedule, Topology
 
 SEED, STEPS, K = 3, 20, 4

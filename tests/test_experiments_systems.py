@@ -1,4 +1,5 @@
-"""Table 2's fitted time model and the SlowMo experiment helpers (localsgd.experiments)."""
+"""Table 2's fitted time model and the SlowMo experiment helpers (localsgd.experiments.lin2020,
+.slowmo; the break-even benchmark localsgd.bench.breakeven)."""
 
 import dataclasses
 import math
@@ -7,36 +8,43 @@ import numpy as np
 import pytest
 import torch
 
-from localsgd import experiments as ex
+from localsgd.bench.breakeven import breakeven_benchmark
+from localsgd.experiments.lin2020 import (
+    barrier_time_per_update,
+    fit_step_costs,
+    table02_fit,
+    update_and_sync_counts,
+)
+from localsgd.experiments.slowmo import slowmo_configs, slowmo_summary
 from localsgd.train import TrainConfig
 
 
 def test_fit_recovers_known_costs_from_synthetic_times():
     hs = [1, 2, 4, 8, 16, 32, 64]
-    counts = ex.update_and_sync_counts(hs)
+    counts = update_and_sync_counts(hs)
     c, s = 0.071, 0.043  # seconds per update, per sync
     seconds = counts.updates * c + counts.syncs * s
-    fit = ex.fit_step_costs(counts.updates, counts.syncs, seconds)
+    fit = fit_step_costs(counts.updates, counts.syncs, seconds)
     assert fit["compute_s"] == pytest.approx(c, rel=1e-9)
     assert fit["sync_s"] == pytest.approx(s, rel=1e-9)
     # with 1 % multiplicative noise the costs still come back within a few %
     rng = np.random.default_rng(0)
     noisy = seconds * (1 + 0.01 * rng.standard_normal(len(hs)))
-    fit = ex.fit_step_costs(counts.updates, counts.syncs, noisy)
+    fit = fit_step_costs(counts.updates, counts.syncs, noisy)
     assert fit["compute_s"] == pytest.approx(c, rel=0.03)
     assert fit["sync_s"] == pytest.approx(s, rel=0.05)
     # an extra term (here U·log2 H) is recovered when asked for, and is zero when absent
     extra = {"log_s": counts.updates * np.log2(counts.H)}
-    with_log = ex.fit_step_costs(counts.updates, counts.syncs, seconds + 0.002 * extra["log_s"],
-                                 extra)
+    with_log = fit_step_costs(counts.updates, counts.syncs, seconds + 0.002 * extra["log_s"],
+                              extra)
     assert with_log["log_s"] == pytest.approx(0.002, rel=1e-6)
-    assert ex.fit_step_costs(counts.updates, counts.syncs, seconds, extra)["log_s"] < 1e-9
+    assert fit_step_costs(counts.updates, counts.syncs, seconds, extra)["log_s"] < 1e-9
     with pytest.raises(ValueError, match="cannot determine"):
-        ex.fit_step_costs([1.0], [1.0], [2.0])
+        fit_step_costs([1.0], [1.0], [2.0])
 
 
 def test_table02_fit_explains_h_up_to_32_not_beyond():
-    fit = ex.table02_fit()
+    fit = table02_fit()
     tab = fit.table
     assert tab.updates.iloc[0] == 7324 and tab.syncs.tolist()[:2] == [7325, 3663]
     assert fit.fit_hs == (1, 2, 4, 8, 16, 32)
@@ -55,17 +63,17 @@ def test_table02_fit_explains_h_up_to_32_not_beyond():
     assert fit.time_kwargs() == {"compute_seconds_per_step": fit.compute_s,
                                  "sync_seconds": fit.sync_s}
     with pytest.raises(ValueError, match="fewer than 2 rows"):
-        ex.table02_fit(fit_max_h=1)
+        table02_fit(fit_max_h=1)
 
 
 def test_barrier_model_never_rises_with_h_under_stragglers():
     hs = [1, 2, 4, 8, 16, 32, 64, 128]
-    free = ex.barrier_time_per_update(hs, workers=4, updates=512, compute_s=0.1, sync_s=0.05)
+    free = barrier_time_per_update(hs, workers=4, updates=512, compute_s=0.1, sync_s=0.05)
     assert free.seconds_per_update.tolist() == pytest.approx([0.1 + 0.05 * math.ceil(512 / h)
                                                               / 512 for h in hs])
-    noisy = ex.barrier_time_per_update(hs, workers=8, updates=1024, compute_s=0.1, sync_s=0.0,
-                                       jitter_cv=0.3, stall_rate=0.02, stall_s=1.0,
-                                       slow_factor=3.0, slow_rate=0.01, slow_len=50)
+    noisy = barrier_time_per_update(hs, workers=8, updates=1024, compute_s=0.1, sync_s=0.0,
+                                    jitter_cv=0.3, stall_rate=0.02, stall_s=1.0,
+                                    slow_factor=3.0, slow_rate=0.01, slow_len=50)
     per = noisy.seconds_per_update.to_numpy()
     assert (np.diff(per) <= 1e-12).all()  # subadditivity of the max: no rise along doublings
     assert per[0] > 0.1 * 1.5  # stragglers do cost time at H = 1
@@ -73,9 +81,9 @@ def test_barrier_model_never_rises_with_h_under_stragglers():
 
 def test_slowmo_grid_configs():
     base = TrainConfig(world_size=4, local_batch=16, epochs=1.0)
-    configs, labels = ex.slowmo_configs(base, localsgd_frequency=3, slowmo_frequency=12,
-                                        momenta=[0.0, 0.2], slow_lrs=[2.0], sgp_momenta=[0.0, 0.4],
-                                        seeds=[0, 1], sync_reference=True)
+    configs, labels = slowmo_configs(base, localsgd_frequency=3, slowmo_frequency=12,
+                                     momenta=[0.0, 0.2], slow_lrs=[2.0], sgp_momenta=[0.0, 0.4],
+                                     seeds=[0, 1], sync_reference=True)
     assert len(configs) == len(labels) == 2 * (1 + 1 + 1 + 1 + 2)
     assert configs[0].local_steps == 1 and labels[0]["base"] == "H = 1"
     by = {(lab["base"], lab["slowmo_momentum"], lab["slowmo_lr"], c.seed): c
@@ -87,8 +95,8 @@ def test_slowmo_grid_configs():
     sgp = by[("SGP", 0.4, 1.0, 0)]
     assert sgp.gossip and sgp.local_steps == 12 and sgp.slowmo_frequency == 12
     with pytest.raises(ValueError, match="multiple of localsgd_frequency"):
-        ex.slowmo_configs(base, localsgd_frequency=5, slowmo_frequency=12, momenta=[0.1],
-                          slow_lrs=[], sgp_momenta=[], seeds=[0])
+        slowmo_configs(base, localsgd_frequency=5, slowmo_frequency=12, momenta=[0.1],
+                       slow_lrs=[], sgp_momenta=[], seeds=[0])
     assert dataclasses.replace(plain, seed=0) == plain
 
 
@@ -112,14 +120,14 @@ def test_slowmo_summary_on_real_tiny_runs():
     # test_slowmo_first_slow_step_by_hand), so updates 5-8 and their loss differ from local SGD
     # alone. (beta = 0.5, alpha = 1 would not do: its first slow step is the identity, u = 0.)
     base = _tiny_slowmo_base(epochs=1.0)
-    configs, labels = ex.slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4,
-                                        momenta=[0.5], slow_lrs=[0.5], sgp_momenta=[0.5],
-                                        seeds=[0])
+    configs, labels = slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4,
+                                     momenta=[0.5], slow_lrs=[0.5], sgp_momenta=[0.5],
+                                     seeds=[0])
     import pandas as pd
 
     recs = pd.concat([train(c, dataset=synth, progress=False).assign(run=i, **lab)
                       for i, (c, lab) in enumerate(zip(configs, labels, strict=True))])
-    summ = ex.slowmo_summary(recs).set_index("variant")
+    summ = slowmo_summary(recs).set_index("variant")
     assert list(summ.index) == ["local SGD alone", "local SGD + SlowMo β=0.5, α=1",
                                 "local SGD + SlowMo β=0, α=0.5", "SGP + SlowMo β=0.5, α=1"]
     assert summ.loc["local SGD alone", "d_acc"] == 0.0  # the reference itself
@@ -137,8 +145,8 @@ def test_slowmo_first_slow_step_by_hand():
 
     synth = _synthetic_256()
     base = _tiny_slowmo_base(epochs=0.5, dtype="float64")  # 4 updates
-    plain, slow = ex.slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4, momenta=[],
-                                    slow_lrs=[0.5], sgp_momenta=[], seeds=[0])[0]
+    plain, slow = slowmo_configs(base, localsgd_frequency=2, slowmo_frequency=4, momenta=[],
+                                 slow_lrs=[0.5], sgp_momenta=[], seeds=[0])[0]
     flats = {}
     for name, cfg in (("plain", plain), ("slow", slow)):
         holder = []
@@ -161,9 +169,9 @@ def test_slowmo_first_slow_step_by_hand():
 
 
 def test_breakeven_benchmark_measures_both_sides_of_the_rule():
-    df = ex.breakeven_benchmark([{"model": "mlp", "width": 32, "batch": 2},
-                                 {"model": "embedding", "width": 100, "batch": 2}],
-                                world_size=2, frequency=3, repeats=2)
+    df = breakeven_benchmark([{"model": "mlp", "width": 32, "batch": 2},
+                              {"model": "embedding", "width": 100, "batch": 2}],
+                             world_size=2, frequency=3, repeats=2)
     assert df.param_bytes.iloc[1] == 4 * (100 * 256 + 256 * 10 + 10)
     row = df.iloc[0]
     assert row.param_bytes == 4 * (3072 * 32 + 32 + 32 * 32 + 32 + 32 * 10 + 10)
@@ -173,7 +181,7 @@ def test_breakeven_benchmark_measures_both_sides_of_the_rule():
     assert bool(row.rule_predicts_pays) == (row.rule_lhs_s > row.bwd_s)
     assert row.ddp_rule_model_s == pytest.approx(row.fwd_s + max(row.bwd_s, row.allreduce_s))
     with pytest.raises(ValueError, match="need model"):
-        ex.breakeven_benchmark([{"model": "vgg", "batch": 2}])
+        breakeven_benchmark([{"model": "vgg", "batch": 2}])
 
 
 def test_fig07_paper_time_axis_uses_the_table02_fit():
@@ -182,7 +190,7 @@ def test_fig07_paper_time_axis_uses_the_table02_fit():
     from localsgd.results import repo_root
 
     paper = yaml.safe_load((repo_root() / "notebooks/params/fig07_scaling/paper.yaml").read_text())
-    fit = ex.table02_fit()
+    fit = table02_fit()
     assert paper["compute_ms_per_update"] == round(fit.compute_s * 1e3, 1)
     cluster = fit.cluster(gpus_per_node=paper["gpus_per_node"], inter_gbps=paper["inter_gbps"])
     assert paper["latency_s"] == round(cluster.latency_s, 4)

@@ -9,6 +9,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from localsgd import models as M
+from localsgd.experiments import lin2020
 
 NAMES = ["resnet20", "densenet40_12", "wrn28_10", "resnet50"]
 SMALL = {"resnet20": 0.25, "densenet40_12": 0.25, "wrn28_10": 0.1}  # widths for real forwards
@@ -28,12 +29,12 @@ def meta_model(name: str, num_classes: int = 10, width: float = 1.0) -> nn.Modul
 
 @pytest.fixture(scope="module")
 def table():
-    return M.table04()
+    return lin2020.table04()
 
 
 @pytest.fixture(scope="module")
 def paper():
-    return M.reported_table4()
+    return lin2020.reported_table4()
 
 
 # ------------------------------------------------------------------ Table 4 counts
@@ -50,8 +51,8 @@ def test_table4_covers_every_reported_row(table, paper):
                                      "model=WideResNet-28-10; dataset=CIFAR-100"])
 def test_parameter_count_equals_table4_to_printed_precision(setting, paper):
     label, dataset = (part.split("=")[1] for part in setting.split("; "))
-    name = next(n for n, (lab, _) in M.TABLE4.items() if lab == label)
-    classes = next(c for d, c, _ in M.TABLE4[name][1] if d == dataset)
+    name = next(n for n, (lab, _) in lin2020.TABLE4.items() if lab == label)
+    classes = next(c for d, c, _ in lin2020.TABLE4[name][1] if d == dataset)
     params = M.count_params(meta_model(name, classes))
     printed, decimals = paper.loc[setting, "parameters"], paper.loc[setting, "parameters decimals"]
     if setting in KNOWN_DIFFERENCES:
@@ -66,18 +67,18 @@ def test_flop_conventions(table):
     t = table.set_index("setting")
     cifar = t[t.dataset != "ImageNet-1k"]
     # CIFAR rows print multiply-adds, and match them to the printed digits
-    assert (cifar.convention == M.MACS).all() and cifar.flops_match.all()
+    assert (cifar.convention == lin2020.MACS).all() and cifar.flops_match.all()
     assert (t.macs * 2 == t.flops).all()
     # ResNet-50 prints FLOPs = 2 x multiply-adds; torchvision (v1.5) is 6 % above the paper
     r50 = t.loc["model=ResNet-50; dataset=ImageNet-1k"]
-    assert r50.convention == M.FLOPS and not r50.flops_match
+    assert r50.convention == lin2020.FLOPS and not r50.flops_match
     assert 0.05 < r50.flops_per_image_billion / r50.paper_flops_billion - 1 < 0.07
     ratio = 1000 * t.flops_per_image_billion / t.params_million
     assert (ratio - t.ratio).abs().max() < 1e-9
 
 
 def test_resnet50_v1_strides_give_the_papers_flops(paper):
-    model = M.resnet50_v1_strides(meta_model("resnet50", 1000))
+    model = lin2020.resnet50_v1_strides(meta_model("resnet50", 1000))
     flops = M.count_flops(model, (3, 224, 224))
     assert round(flops / 1e9, 1) == paper.loc["model=ResNet-50; dataset=ImageNet-1k",
                                               "flops per image"]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from localsgd.engines.replicas import ReplicaCommunicator, ReplicaEngine
 from localsgd.outer import OuterUpdate, slowmo
-from localsgd.replicas import ReplicaCommunicator, ReplicaEngine
 from localsgd.schedule import SyncSchedule, Topology
 
 torch.set_num_threads(1)

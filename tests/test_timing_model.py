@@ -5,8 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from localsgd import timing
-from localsgd.timing import Cluster, Scheme, Stragglers, simulate
+from localsgd.experiments.hsgd_blog import BLOG_HSGD
+from localsgd.timing.cluster import Cluster
+from localsgd.timing.simulate import Scheme, _gossip_offset, simulate
+from localsgd.timing.stragglers import Stragglers, stall_draws
 
 BLOG_256 = ["sync", "local:2", "local:4", "local:8", "hsgd:1-4,2-16,4-64,8-256",
             "hsgd:2-8,4-64,8-256", "hsgd:4-16,8-256"]
@@ -87,7 +89,7 @@ def test_blog_256_workers_1000_steps_is_fast():
 
 def test_runner_stalls_are_the_runners_draws():
     st = Stragglers(0.5, 0.2, seed=3)
-    a = timing._stall_draws(st, 4, 6, np.random.default_rng(0), runner_stalls=True)
+    a = stall_draws(st, 4, 6, np.random.default_rng(0), runner_stalls=True)
     assert a[2, 1] == st.stall(1, 3) and a.sum() == sum(st.stall(r, t) for r in range(4)
                                                          for t in range(1, 7))
 
@@ -190,7 +192,7 @@ def test_blog_notebook_paper_params_are_the_blogs_setting():
     for w in (64, 128, 256):
         listed = {s.split("scheme=HSGD ")[1].split(";")[0] for s in rep.setting
                   if s.startswith(f"GPUs={w}; scheme=HSGD")}
-        assert {s.removeprefix("hsgd:") for s in timing.BLOG_HSGD[w]} == listed
+        assert {s.removeprefix("hsgd:") for s in BLOG_HSGD[w]} == listed
 
 
 @pytest.mark.parametrize("allreduce_ms, faster", [(60.0, True), (40.0, False)])
@@ -220,7 +222,7 @@ def test_sgp_waits_only_for_its_in_peer_by_hand():
     # sync: everybody at 110 ms, 3 x 100 ms of waiting; SGP: only rank 2 waits for rank 0
     assert df.loc["sync", "wait_share"] == pytest.approx(0.3 / 0.44)
     assert df.loc["sgp", "wait_share"] == pytest.approx(0.1 / 0.24)
-    assert timing._gossip_offset(1, 4) == 2
+    assert _gossip_offset(1, 4) == 2
 
 
 def test_scheme_forms_agree_with_each_other_and_the_runner_config():

@@ -9,8 +9,12 @@ import pandas as pd
 import pytest
 import torch
 
-from localsgd import data, experiments, timing
-from localsgd.train import TrainConfig, load_checkpoint, train
+from localsgd import data
+from localsgd.checkpoint import load_checkpoint
+from localsgd.experiments.grid import pool_compute, speedup_table, time_to_accuracy
+from localsgd.experiments.lin2020 import step_costs_from_running_times
+from localsgd.timing.cluster import Cluster, modelled_time
+from localsgd.train import TrainConfig, train
 
 # columns that hold wall-clock measurements: everything else must repeat bitwise
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
@@ -164,23 +168,23 @@ def test_modelled_time_prices_each_sync():
     rec = pd.DataFrame({"step": [10, 20], "compute_seconds": [1.0, 2.0], "param_bytes": 4e6,
                         "world_size": 4, "group_l0": 2, "sync_l0": [5, 10], "gradsync_l0": 0,
                         "group_l1": 4, "sync_l1": [1, 2], "gradsync_l1": [0, 1]})
-    flat = timing.Cluster(gpus_per_node=2, intra_gbps=80.0, inter_gbps=8.0, latency_s=0.0)
-    t = timing.modelled_time(rec, flat)
+    flat = Cluster(gpus_per_node=2, intra_gbps=80.0, inter_gbps=8.0, latency_s=0.0)
+    t = modelled_time(rec, flat)
     intra = 2 * (1 / 2) * 4e6 * 8 / 80e9  # ring all-reduce bytes in a node
     inter = 2 * (3 / 4) * 4e6 * 8 / 8e9
     assert t.tolist() == pytest.approx([1 + 5 * intra + inter, 2 + 10 * intra + 3 * inter])
     delayed = dataclasses.replace(flat, extra_global_seconds=1.0)
-    assert (timing.modelled_time(rec, delayed) - t).tolist() == pytest.approx([1.0, 3.0])
+    assert (modelled_time(rec, delayed) - t).tolist() == pytest.approx([1.0, 3.0])
 
 
 def test_time_to_accuracy_and_speedups():
-    assert experiments.time_to_accuracy([1, 2, 3], [10, 50, 70], 30) == pytest.approx(1.5)
-    assert math.isnan(experiments.time_to_accuracy([1, 2], [10, 20], 30))
+    assert time_to_accuracy([1, 2, 3], [10, 50, 70], 30) == pytest.approx(1.5)
+    assert math.isnan(time_to_accuracy([1, 2], [10, 20], 30))
     rec = pd.DataFrame({"seed": 0, "local_steps": [1, 1, 4, 4], "step": [1, 2, 1, 2],
                         "time_s": [2.0, 4.0, 1.0, 2.0], "train_acc": [40, 60, 40, 60]})
-    tab = experiments.speedup_table(rec)
+    tab = speedup_table(rec)
     assert tab.set_index("local_steps").speedup.to_dict() == pytest.approx({1: 1.0, 4: 2.0})
-    c, s = experiments.step_costs_from_running_times(2.42, 1.55, 8, 58593)
+    c, s = step_costs_from_running_times(2.42, 1.55, 8, 58593)
     assert 58593 * (c + s) / 3600 == pytest.approx(2.42)
     assert 58593 * (c + s / 8) / 3600 == pytest.approx(1.55)
 
@@ -190,10 +194,10 @@ def test_modelled_time_of_flat_and_hierarchical_runs_together():
                          "world_size": 4, "group_l0": 4, "sync_l0": [2], "gradsync_l0": 0})
     hier = flat.assign(group_l0=2, sync_l0=[4], group_l1=4, sync_l1=[2], gradsync_l1=0)
     both = pd.concat([flat, hier], ignore_index=True)  # the flat run has NaN for level 1
-    cluster = timing.Cluster(gpus_per_node=2, latency_s=0.0)
-    t = timing.modelled_time(both, cluster)
-    assert t.tolist() == pytest.approx([timing.modelled_time(flat, cluster)[0],
-                                        timing.modelled_time(hier, cluster)[0]])
+    cluster = Cluster(gpus_per_node=2, latency_s=0.0)
+    t = modelled_time(both, cluster)
+    assert t.tolist() == pytest.approx([modelled_time(flat, cluster)[0],
+                                        modelled_time(hier, cluster)[0]])
     assert t[1] > t[0]  # four more node-local rounds
 
 
@@ -202,9 +206,9 @@ def test_pool_compute_gives_runs_of_the_same_work_the_median_cost_per_update():
     rec = pd.DataFrame({"run": [0, 0, 1, 1, 2, 3], "step": [5, 10, 5, 10, 10, 10],
                         "compute_seconds": [0.05, 0.10, 0.06, 0.12, 0.20, 0.40],
                         "width": [0.25] * 5 + [0.5], "model": "resnet20"})
-    out = experiments.pool_compute(rec)
+    out = pool_compute(rec)
     assert out.compute_seconds.tolist() == pytest.approx([0.06, 0.12, 0.06, 0.12, 0.12, 0.40])
     assert out.compute_seconds_measured.tolist() == rec.compute_seconds.tolist()
     assert rec.compute_seconds.iloc[0] == 0.05  # the input is left alone
     with pytest.raises(ValueError, match="'run'"):
-        experiments.pool_compute(rec.drop(columns="run"))
+        pool_compute(rec.drop(columns="run"))

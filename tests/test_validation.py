@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from localsgd import validation as v
-from localsgd.timing import Cluster
+from localsgd.experiments import timing_validation as tv
+from localsgd.timing.cluster import Cluster
 
 # Stated tolerance for the smoke size: a 12-update window of 4 workers on a machine shared with
 # other jobs (quick mode, 8 and 16 workers and a 24-update window, claims 10 %)
@@ -21,9 +21,9 @@ STALL_S, RATE = 0.3, 0.05
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("validation")
-    rows, launches = v.validate([4], out, procs_per_node=2, local_steps=(4,),
-                                hierarchical=((2, 2),), steps=16, compute_ms=30.0,
-                                straggler_seconds=STALL_S, straggler_rate=RATE, timeout=240)
+    rows, launches = tv.validate([4], out, procs_per_node=2, local_steps=(4,),
+                                 hierarchical=((2, 2),), steps=16, compute_ms=30.0,
+                                 straggler_seconds=STALL_S, straggler_rate=RATE, timeout=240)
     return rows.set_index("run"), launches, out / "w4"
 
 
@@ -51,7 +51,7 @@ def test_model_predicts_measured_speedups_of_real_runs(smoke):
 
 def test_calibration_prices_exactly_the_measured_collectives(smoke):
     _, launches, where = smoke
-    cal = v.calibrate(where / "runs" / "calib", 4, launches.iloc[0].model_mb)
+    cal = tv.calibrate(where / "runs" / "calib", 4, launches.iloc[0].model_mb)
     cluster = cal.cluster()
     nbytes = cal.model_mb * 1e6
     assert cluster.latency_s == 0 and cluster.gpus_per_node == 2
@@ -59,18 +59,18 @@ def test_calibration_prices_exactly_the_measured_collectives(smoke):
     assert cluster.allreduce_seconds(4, nbytes, 4) == pytest.approx(cal.inter_ms / 1e3)
     # the timing MLP's float32 parameters (ResNet-20's bytes, 4 tensors) are what moved
     assert cal.model_mb == pytest.approx(271_314 * 4 / 1e6, rel=1e-6)
-    grad = v.calibrate(where / "runs" / "calib_sync", 4, cal.model_mb)
-    sync = v.measure(where / "runs" / "calib_sync", 4)
+    grad = tv.calibrate(where / "runs" / "calib_sync", 4, cal.model_mb)
+    sync = tv.measure(where / "runs" / "calib_sync", 4)
     assert grad.kind == "gradient" and grad.inter_ms == sync["comm_ms"]["grad_4"]
     assert grad.cluster().allreduce_seconds(4, nbytes, 4) == pytest.approx(grad.inter_ms / 1e3)
     with pytest.raises(ValueError, match="straggler-free"):
-        v.calibrate(where / "runs" / "sync", 4, cal.model_mb)
-    m = v.measure(where / "runs" / "local4", 4)
+        tv.calibrate(where / "runs" / "sync", 4, cal.model_mb)
+    m = tv.measure(where / "runs" / "local4", 4)
     assert m["stalls"].shape == (12, 4) and set(np.unique(m["stalls"])) <= {0.0, STALL_S}
 
 
 def test_grid_interleaves_repeats_and_warms_up_to_every_period():
-    entries = v.grid(4, local_steps=(2, 8), hierarchical=((2, 4),), repeats=2)
+    entries = tv.grid(4, local_steps=(2, 8), hierarchical=((2, 4),), repeats=2)
     names = [e["name"] for e in entries]
     assert names == ["calib_r0", "calib_sync_r0", "sync_r0", "local2_r0", "local8_r0",
                      "hier2x4_r0", "calib_r1", "calib_sync_r1", "sync_r1", "local2_r1",
@@ -78,13 +78,13 @@ def test_grid_interleaves_repeats_and_warms_up_to_every_period():
     assert {e["seed"] for e in entries[6:]} == {1}
     assert entries[0]["straggler_rate"] == 0 and entries[0]["block_size"] == 4
     assert entries[1]["straggler_rate"] == 0 and entries[1]["post_local_warmup_epochs"] > 0
-    assert v.warm_steps(entries) == 8
+    assert tv.warm_steps(entries) == 8
     with pytest.raises(ValueError, match="repeats"):
-        v.grid(4, repeats=0)
+        tv.grid(4, repeats=0)
     with pytest.raises(ValueError, match="exceed"):
-        v.launch(entries, 4, "unused", steps=8, compute_ms=1, straggler_seconds=0,
-                 straggler_rate=0)
-    assert isinstance(v.Calibration(8, 4, 1.0, 50.0, 0.1, 10.0, 20.0).cluster(), Cluster)
+        tv.launch(entries, 4, "unused", steps=8, compute_ms=1, straggler_seconds=0,
+                  straggler_rate=0)
+    assert isinstance(tv.Calibration(8, 4, 1.0, 50.0, 0.1, 10.0, 20.0).cluster(), Cluster)
 
 
 def test_timing_mlp_moves_resnet20s_bytes_in_four_tensors():
@@ -101,8 +101,8 @@ def test_timing_mlp_moves_resnet20s_bytes_in_four_tensors():
 def test_hosts_running_ahead_of_an_emulated_device_queue():
     # blog_hsgd_stragglers' mechanism: averaging hosts one step ahead of their device (Q = 2)
     # beside a blocking DDP baseline; real gloo processes, the device queue a thread
-    table = v.queue_experiment(workers=4, steps=16, compute_ms=30.0, stall_s=STALL_S, rate=RATE,
-                               schemes=v.queue_schemes((4,))).set_index(["scheme", "Q"])
+    table = tv.queue_experiment(workers=4, steps=16, compute_ms=30.0, stall_s=STALL_S, rate=RATE,
+                                schemes=tv.queue_schemes((4,))).set_index(["scheme", "Q"])
     assert table.stalls.iloc[0] > 0
     q1, q2 = table.loc[("local:4", 1)], table.loc[("local:4", 2)]
     assert q2.measured_speedup > q1.measured_speedup  # a stall is served while the device waits

@@ -1,3 +1,101 @@
-"""localsgd: local SGD and hierarchical local SGD in PyTorch."""
+"""localsgd: local SGD and hierarchical local SGD in PyTorch.
+
+The public names below are importable from the package itself (``from localsgd import
+Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), so
+``import localsgd`` stays light and imports no torch. Where they live:
+
+* the algorithms, pure Python: `localsgd.schedule`, `localsgd.outer`, `localsgd.gossip`,
+  `localsgd.lr`;
+* torch.distributed: `localsgd.averaging`, `localsgd.optim`, `localsgd.distributed`;
+* the engines: `localsgd.engines` (replicas, DDP); the loop: `localsgd.train`, its checkpoints
+  `localsgd.checkpoint`, the torchrun command line `localsgd.runner`;
+* data and models: `localsgd.data`, `localsgd.models`;
+* time models: `localsgd.timing`; the convex simulator: `localsgd.convex`;
+* per-source experiments: `localsgd.experiments`; benchmarks: `localsgd.bench`;
+* the harness: `localsgd.results`, `localsgd.reproduce`, `localsgd.report`, `localsgd.cli`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it. Not `train`: ``localsgd.train`` is the module
+# (``from localsgd.train import train``), and a submodule's import rebinds the package attribute.
+_EXPORTS = {
+    "Action": "localsgd.schedule",
+    "Level": "localsgd.schedule",
+    "SyncDriver": "localsgd.schedule",
+    "SyncSchedule": "localsgd.schedule",
+    "Topology": "localsgd.schedule",
+    "OuterUpdate": "localsgd.outer",
+    "LRSchedule": "localsgd.lr",
+    "LocalSGDOptimizer": "localsgd.optim",
+    "DistributedCommunicator": "localsgd.averaging",
+    "HierarchicalAverager": "localsgd.averaging",
+    "PeriodicAverager": "localsgd.averaging",
+    "spawn": "localsgd.distributed",
+    "init_from_env": "localsgd.distributed",
+    "Engine": "localsgd.engines",
+    "ReplicaEngine": "localsgd.engines.replicas",
+    "BatchedReplicaEngine": "localsgd.engines.replicas",
+    "DDPEngine": "localsgd.engines.ddp",
+    "TrainConfig": "localsgd.train",
+    "build_engine": "localsgd.train",
+    "run_cached": "localsgd.train",
+    "load_checkpoint": "localsgd.checkpoint",
+    "save_checkpoint": "localsgd.checkpoint",
+    "build_model": "localsgd.models",
+    "load_image_dataset": "localsgd.data",
+    "Cluster": "localsgd.timing.cluster",
+    "Scheme": "localsgd.timing.simulate",
+    "Stragglers": "localsgd.timing.stragglers",
+    "simulate": "localsgd.timing.simulate",
+}
+
+__all__ = [  # the keys of _EXPORTS (tests/test_imports.py checks both)
+    "Action",
+    "BatchedReplicaEngine",
+    "Cluster",
+    "DDPEngine",
+    "DistributedCommunicator",
+    "Engine",
+    "HierarchicalAverager",
+    "LRSchedule",
+    "Level",
+    "LocalSGDOptimizer",
+    "OuterUpdate",
+    "PeriodicAverager",
+    "ReplicaEngine",
+    "Scheme",
+    "Stragglers",
+    "SyncDriver",
+    "SyncSchedule",
+    "Topology",
+    "TrainConfig",
+    "__version__",
+    "build_engine",
+    "build_model",
+    "init_from_env",
+    "load_checkpoint",
+    "load_image_dataset",
+    "run_cached",
+    "save_checkpoint",
+    "simulate",
+    "spawn",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'localsgd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

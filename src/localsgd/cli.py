@@ -5,26 +5,29 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
+from localsgd.notebook import MODES
+from localsgd.report import write_report
 from localsgd.results import repo_root
+from localsgd.timing.plan import format_plan, plan_schedules
 
 # `localsgd bench NAME ...` hands the rest of the command line to NAME's module `main(argv)`.
 BENCHES = {
-    "averaging": "localsgd.bench_averaging",
-    "convex": "localsgd.convex.bench",
-    "ddp": "localsgd.bench_ddp",
-    "replicas": "localsgd.bench_replicas",
+    "averaging": "localsgd.bench.averaging",
+    "convex": "localsgd.bench.convex",
+    "ddp": "localsgd.bench.ddp",
+    "replicas": "localsgd.bench.replicas",
 }
 
 
 def _parser(runner: bool = True) -> argparse.ArgumentParser:
     """The command line; ``runner=False`` leaves out `train`, whose flags import torch (so
     `localsgd plan` starts in a fraction of the time)."""
-    from localsgd.reproduce import MODES
-
     root = repo_root()
     p = argparse.ArgumentParser(prog="localsgd", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -50,7 +53,7 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     b.add_argument("args", nargs=argparse.REMAINDER)
 
     if runner:
-        from localsgd.ddp import add_run_arguments
+        from localsgd.runner import add_run_arguments  # deferred: imports torch (see above)
 
         t = sub.add_parser("train", help="train one TrainConfig: in this process (--engine "
                            "replicas) or one process per worker under torchrun (--engine ddp)")
@@ -98,10 +101,6 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    import json
-
-    from localsgd.timing import format_plan, plan_schedules
-
     checks = [("--workers", args.workers, args.workers >= 1, "an integer >= 1"),
               ("--gpus-per-node", args.gpus_per_node, args.gpus_per_node >= 1, "an integer >= 1"),
               ("--model-mb", args.model_mb, args.model_mb >= 0, "MB >= 0"),
@@ -143,36 +142,34 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, argv: list[str]) -> int:
-    import subprocess
-
-    from localsgd import ddp
+    # deferred: both import torch, which `localsgd plan`, `report` and `reproduce` never need
+    from localsgd import runner
+    from localsgd.train import train
 
     if args.engine == "ddp":
         after = argv[argv.index("train") + 1:]  # the runner's own flags, without --engine
         rest = [a for i, a in enumerate(after) if not a.startswith("--engine")
                 and not (i > 0 and after[i - 1] == "--engine")]
         if "RANK" in os.environ:  # already a torchrun worker
-            return ddp.main(rest)
+            return runner.main(rest)
         if args.nodes not in (None, 1):
             raise ValueError(f"--nodes {args.nodes}: `localsgd train` starts one machine's "
                              "torchrun; on several machines start torchrun on each (README, "
                              "'The torchrun runner')")
-        cfg = ddp.resolve_config(args, None)
+        cfg = runner.resolve_config(args, None)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(cfg.world_size), "-m", "localsgd.ddp", *rest]
+               "--nproc-per-node", str(cfg.world_size), "-m", "localsgd.runner", *rest]
         print("+ " + " ".join(cmd), flush=True)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")  # one thread per worker process on a CPU box
         return subprocess.run(cmd, env=env, check=False).returncode
-    from localsgd.train import train
-
     runner_only = {"--straggler-seconds": args.straggler_seconds, "--straggler-rate":
                    args.straggler_rate, "--straggler-ranks": args.straggler_ranks,
                    "--compute-ms": args.compute_ms, "--compile": args.compile}
     given = [k for k, v in runner_only.items() if v]
     if given:
         raise ValueError(f"{given} need one process per worker: use --engine ddp")
-    cfg = ddp.resolve_config(args, None)
+    cfg = runner.resolve_config(args, None)
     checkpoints = args.out / "checkpoints"
     if args.checkpoint_every and not args.resume and (checkpoints / "run.pt").exists():
         raise ValueError(f"{checkpoints / 'run.pt'} holds an earlier run: pass --resume or "
@@ -181,16 +178,15 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     records = train(cfg, checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
                     checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
                     progress=not args.no_progress)
-    summary = ddp.write_outputs(args.out, records, None, [], {
+    summary = runner.write_outputs(args.out, records, None, [], {
         "engine": "replicas", "world_size": cfg.world_size, "steps": int(records.step.iloc[-1]),
         "seconds": float(records.wall_seconds.iloc[-1])})
-    print(ddp.format_summary(summary))
+    print(runner.format_summary(summary))
     return 0
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from localsgd import reproduce as h
-    from localsgd.report import write_report
+    from localsgd import reproduce as h  # deferred: nbformat takes seconds to import
 
     if args.list:
         for nb_id, path in h.discover(args.notebooks).items():
@@ -215,8 +211,6 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from localsgd.reproduce import HarnessError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)
     try:
@@ -225,8 +219,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reproduce":
             return _reproduce(args)
         if args.command == "report":
-            from localsgd.report import write_report
-
             print(write_report(args.papers, args.figures))
             return 0
         if args.command == "plan":
@@ -234,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             module = importlib.import_module(BENCHES[args.name])
             return int(module.main(args.args) or 0)
-    except (HarnessError, ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:  # reproduce.HarnessError is a ValueError
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 2

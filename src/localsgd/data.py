@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import io
 import os
+import shutil
 import tarfile
 import urllib.request
 import warnings
@@ -25,6 +26,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 
 from localsgd.paths import atomic_path, cache_dir, data_dirs  # data.cache_dir/data_dirs are public
 
@@ -382,7 +384,7 @@ def _source_key(name: str, source: _Source) -> str:
     """Cache key: the archive's bytes, the folder's listing, or the canonical archive's md5."""
     h = hashlib.sha256(f"{name}|{source.kind}|".encode())
     if source.kind == "pickle":
-        from torchvision import datasets
+        from torchvision import datasets  # deferred: torchvision is slow to import
 
         # torchvision md5-checks the pickles it reads: every valid copy has the same content
         h.update(getattr(datasets, CIFAR_DATASETS[name].torchvision_class).tgz_md5.encode())
@@ -453,7 +455,7 @@ def load_cifar(name: str = "cifar10", *, download: bool = True,
 
 def _torchvision_download(name: str, root: Path) -> None:
     """torchvision's own checksummed download of the canonical archive, extracted into ``root``."""
-    from torchvision import datasets
+    from torchvision import datasets  # deferred: torchvision is slow to import
 
     getattr(datasets, CIFAR_DATASETS[name].torchvision_class)(root=str(root), train=True,
                                                               download=True)
@@ -540,7 +542,7 @@ def _save_cifar_cache(npz: Path, ds: ImageDataset) -> None:
 
 def _decode_cifar(name: str, source: _Source) -> ImageDataset:
     if source.kind == "pickle":
-        from torchvision import datasets
+        from torchvision import datasets  # deferred: torchvision is slow to import
 
         cls = getattr(datasets, CIFAR_DATASETS[name].torchvision_class)
         try:
@@ -599,8 +601,6 @@ def _is_image_name(name: str) -> bool:
 def _decode_records(records: _Records,
                     where: str) -> tuple[list[str], tuple[list[torch.Tensor], list[torch.Tensor]]]:
     """Decode every image (PIL, one core) into ``[N, 3, H, W]`` uint8, class-major."""
-    from PIL import Image, UnidentifiedImageError
-
     classes = sorted({c for c, _, _ in records["train"]})
     extra = sorted({c for c, _, _ in records["test"]} - set(classes))
     if not classes or extra:
@@ -689,7 +689,7 @@ def folder_transforms(image_size: int, resize: int, mean: Any, std: Any) -> tupl
     """The ImageNet input pipeline of §4.1 (He et al. 2016): train ``RandomResizedCrop(size)`` +
     random horizontal flip, val ``Resize(resize)`` + ``CenterCrop(size)``; both to tensors
     normalized per channel. The randomness draws from torch's RNG (see `SeededItems`)."""
-    from torchvision import transforms
+    from torchvision import transforms  # deferred: torchvision is slow to import
 
     if image_size < 8 or resize < image_size:
         raise ValueError(f"image_size={image_size}, resize={resize}: need 8 <= image_size <= "
@@ -710,7 +710,7 @@ def imagenet_folders(root: str | Path | None = None, *, image_size: int = 224,
     class folders); ``root`` defaults to the first ``<data dir>/imagenet`` holding both, i.e.
     ``$LOCALSGD_DATA/imagenet``. Images are decoded per item, in ``DataLoader`` workers.
     """
-    from torchvision import datasets
+    from torchvision import datasets  # deferred: torchvision is slow to import
 
     roots = [Path(root).expanduser()] if root is not None else [d / "imagenet" for d in data_dirs()]
     found = next((r for r in roots if (r / "train").is_dir() and (r / "val").is_dir()), None)
@@ -734,8 +734,6 @@ def write_image_folders(ds: ImageDataset, root: str | Path) -> Path:
     """Write ``ds`` as lossless PNG files ``<root>/{train,val}/<class>/<index>.png`` (once; a
     complete folder is reused), so the in-memory data set can be streamed like ImageNet. The
     folder appears atomically: an interrupted write leaves nothing that looks complete."""
-    from PIL import Image
-
     root = Path(root)
     if (root / "COMPLETE").is_file():
         return root
@@ -750,8 +748,6 @@ def write_image_folders(ds: ImageDataset, root: str | Path) -> Path:
     try:
         tmp.rename(root)
     except OSError:  # another process finished first: keep theirs
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         if not (root / "COMPLETE").is_file():
             raise
@@ -764,7 +760,7 @@ def standin_folders(name: str = "cifar10", n_train: int | None = None, n_test: i
     written once as PNG folders under the cache and streamed through ImageNet's input pipeline
     (`folder_transforms` with the data set's own channel statistics). It exercises exactly the
     code path of ImageNet training at a size a CPU can run; its numbers are not ImageNet's."""
-    from torchvision import datasets
+    from torchvision import datasets  # deferred: torchvision is slow to import
 
     ds = load_cifar(name)
     if n_train is not None or n_test is not None:

@@ -18,7 +18,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from localsgd.timing import Cluster, Scheme, Stragglers, simulate
+from localsgd.timing.cluster import Cluster
+from localsgd.timing.simulate import Scheme, simulate
+from localsgd.timing.stragglers import Stragglers
 
 __all__ = ["DEFAULT_RATES", "chart", "draw", "predict", "schemes"]
 
@@ -60,7 +62,7 @@ def predict(*, workers: int, gpus_per_node: int, H: int, Hb: int, straggler_rate
 
 def draw(df: pd.DataFrame, title: str = "", fig=None):
     """The explorer's two panels from `predict` rows (a new figure unless ``fig`` is given)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: only drawing needs it (predict does not)
 
     if fig is None:
         fig = plt.figure(figsize=(11, 4.2))

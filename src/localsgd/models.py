@@ -25,21 +25,25 @@ parameters and flops per image). Architectures are written from their own papers
 §4.1 "Model initialization": He et al. (2015) normal init for convolutions, N(0, 0.01) for the
 fully connected layer (following Goyal et al., 2017), and no weight decay on BatchNorm
 coefficients (following He et al., 2016a).
+
+Besides the paper's models, the toy models of timing runs and benchmarks live here too:
+`timing_mlp` (emulated-compute timing runs), `wide_mlp` and `BagOfTokens` (the SlowMo break-even
+benchmark) and `FFNStack` (the DDP / TorchDynamo benchmark). Table 4's counts beside the paper's
+are `localsgd.experiments.lin2020.table04`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
 
 MODEL_NAMES = ("resnet20", "densenet40_12", "wrn28_10", "resnet50")
-# not a paper model: timing runs with emulated compute (localsgd.validation) move ResNet-20's
-# 1.08 MB in 4 tensors instead of 59, so the host's per-tensor work per update (autograd, DDP's
+# not a paper model: timing runs with emulated compute (localsgd.experiments.timing_validation)
+# move ResNet-20's 1.08 MB in 4 tensors instead of 59, so the host's per-tensor work per update (autograd, DDP's
 # bucket copies, the optimizer) stays ~1 ms and 16 processes on 2 cores do not contend for it
 TIMING_MODEL_NAMES = ("mlp",)
 
@@ -203,6 +207,7 @@ def _resnet50(num_classes: int, width: float) -> nn.Module:
     """torchvision's ResNet-50 (bottlenecks [3, 4, 6, 3]); at ``width`` != 1 every stage's
     planes (64, 128, 256, 512, hence outputs x4) are scaled, the 64-channel stem kept. Width 1.0
     is torchvision's model itself. (Its ``width_per_group`` only widens the 3x3 convs.)"""
+    # deferred: torchvision takes about a second to import; only ResNet-50 needs it
     import torchvision
     from torchvision.models.resnet import Bottleneck, ResNet
 
@@ -228,6 +233,49 @@ def timing_mlp(num_classes: int = 10, width: float = 1.0) -> nn.Module:
     hidden = max(1, round(88 * width))
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU(),
                          nn.Linear(hidden, num_classes))
+
+
+def wide_mlp(width: int, num_classes: int = 10) -> nn.Module:
+    """A byte-heavy MLP on 3×32×32 images: flatten, two hidden layers of ``width``, a linear
+    head (the SlowMo break-even benchmark's "mlp": many bytes for moderate compute)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, width), nn.ReLU(),
+                         nn.Linear(width, width), nn.ReLU(), nn.Linear(width, num_classes))
+
+
+class BagOfTokens(nn.Module):
+    """A byte-heavy, compute-light model (an embedding table, as in the NLP models the SlowMo page
+    targets): 64 token ids per image from its pixels, mean of their embeddings, a linear head."""
+
+    def __init__(self, rows: int, dim: int = 256, num_classes: int = 10):
+        super().__init__()
+        self.rows = rows
+        self.emb = nn.Embedding(rows, dim)
+        self.head = nn.Linear(dim, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        ids = (x.flatten(1)[:, :64].abs() * 997).long() % self.rows
+        return self.head(self.emb(ids).mean(1))
+
+
+class FFNStack(nn.Module):
+    """Residual feed-forward blocks ``x + W2 relu(W1 x)`` (hidden 2x width) and a linear head
+    (the DDP / TorchDynamo benchmark's models, `localsgd.bench.ddp`).
+
+    A user-defined module on purpose: Dynamo does not start a frame in ``torch.nn`` code, so a
+    bare ``nn.Sequential`` under ``torch.compile(DDP(...))`` would run uncompiled.
+    """
+
+    def __init__(self, width: int, blocks: int, classes: int = 10):
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
+            for _ in range(blocks))
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+        return self.head(x)
 
 
 def init_weights(model: nn.Module) -> nn.Module:
@@ -320,8 +368,6 @@ def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     2 FLOPs and only matrix products/convolutions (no BN, ReLU, pooling, additions). The input
     lives on the model's device, so a model built on ``meta`` is counted without computing.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     shape = tuple(input_shape)
     if len(shape) == 3:
         shape = (1, *shape)
@@ -336,106 +382,3 @@ def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
     finally:
         model.train(was_training)
     return int(counter.get_total_flops())
-
-
-# --------------------------------------------------------------------------- Table 4
-# model → (Table 4's name, [(dataset, classes, input shape)])
-TABLE4 = {
-    "resnet20": ("ResNet-20", [("CIFAR-10", 10, (3, 32, 32)), ("CIFAR-100", 100, (3, 32, 32))]),
-    "resnet50": ("ResNet-50", [("ImageNet-1k", 1000, (3, 224, 224))]),
-    "densenet40_12": ("DenseNet-40-12",
-                      [("CIFAR-10", 10, (3, 32, 32)), ("CIFAR-100", 100, (3, 32, 32))]),
-    "wrn28_10": ("WideResNet-28-10",
-                 [("CIFAR-10", 10, (3, 32, 32)), ("CIFAR-100", 100, (3, 32, 32))]),
-}
-MACS = "multiply-adds (MACs)"
-FLOPS = "FLOPs (2 per multiply-add)"
-
-
-def resnet50_v1_strides(model: nn.Module) -> nn.Module:
-    """Move torchvision ResNet-50's downsampling stride from each bottleneck's 3×3 conv to its
-    first 1×1 conv, as in He et al. (2016a)'s original ("v1"); parameters are unchanged. Used
-    only to explain Table 4's ResNet-50 flop count."""
-    for layer in (model.layer2, model.layer3, model.layer4):
-        first = layer[0]
-        first.conv1.stride, first.conv2.stride = first.conv2.stride, (1, 1)
-    return model
-
-
-def reported_table4(papers_dir: str | Path | None = None) -> pd.DataFrame:
-    """Table 4 as transcribed in ``papers/lin2020_local_sgd/reported.csv``, one row per setting.
-
-    Columns are the three metrics (floats) and, per metric, ``<metric> decimals``: the digits
-    the paper prints, so a count can be checked "to the printed precision".
-    """
-    from localsgd.results import repo_root
-
-    papers = Path(papers_dir) if papers_dir is not None else repo_root() / "papers"
-    raw = pd.read_csv(papers / "lin2020_local_sgd" / "reported.csv", dtype=str,
-                      keep_default_na=False)
-    raw = raw[raw.artifact == "Table 4"]
-    values = raw.pivot(index="setting", columns="metric", values="value")
-    out = values.astype(float)
-    for metric in values.columns:
-        out[f"{metric} decimals"] = values[metric].map(
-            lambda v: len(v.split(".")[1]) if "." in v else 0)
-    return out
-
-
-def printed_rel_tol(value: float, decimals: int) -> float:
-    """Relative tolerance of "equal to the printed precision": half a unit in the last digit."""
-    return 0.5 * 10.0 ** -decimals / abs(value)
-
-
-def table04(models: Sequence[str] | None = None,
-            papers_dir: str | Path | None = None) -> pd.DataFrame:
-    """Our counts beside App. F.1 Table 4: one row per model and dataset.
-
-    Columns: ``params``, ``flops`` (FlopCounterMode, one image, 2 per multiply-add), ``macs``
-    (= flops / 2), the paper's three numbers, ``convention`` (MACs or FLOPs: whichever is closer
-    to the paper's "flops per image"), ``flops_per_image_billion`` (ours in that convention),
-    ``ratio`` (flops per image / parameters in billion / million, Table 4's last column), and
-    ``params_rel_tol``/``flops_rel_tol``: half a unit of the paper's last printed digit, relative.
-    Models are built on the meta device, so even WRN-28-10 and ResNet-50 count in a second.
-    """
-    paper = reported_table4(papers_dir)
-    rows = []
-    for name in models if models is not None else list(TABLE4):
-        if name not in TABLE4:
-            raise ValueError(f"unknown model {name!r}; Table 4 has {', '.join(TABLE4)}")
-        label, datasets = TABLE4[name]
-        for dataset, classes, shape in datasets:
-            with torch.device("meta"):  # shapes only: no weights allocated, no compute
-                model = build_model(name, num_classes=classes)
-            params, flops = count_params(model), count_flops(model, shape)
-            macs = flops // 2
-            setting = f"model={label}; dataset={dataset}"
-            p = paper.loc[setting]
-            p_flops = p["flops per image"]
-            # the convention whose count is closer (relatively) to the printed number
-            err_macs, err_flops = abs(macs / 1e9 / p_flops - 1), abs(flops / 1e9 / p_flops - 1)
-            convention, ours = (MACS, macs) if err_macs <= err_flops else (FLOPS, flops)
-            note = ""
-            if name == "resnet50":
-                v1 = count_flops(resnet50_v1_strides(model), shape)
-                note = (f"torchvision is ResNet-50 v1.5 (stride on the 3x3 conv); with the "
-                        f"original v1 strides: {v1 / 1e9:.3f} B FLOPs = {v1 / 2e9:.3f} B MACs")
-            rows.append({
-                "model": label, "dataset": dataset, "setting": setting, "name": name,
-                "num_classes": classes, "input_shape": "x".join(map(str, shape)),
-                "params": params, "flops": flops, "macs": macs,
-                "paper_params_million": p["parameters"], "paper_flops_billion": p_flops,
-                "paper_ratio": p["computation/communication scaling ratio"],
-                "params_million": params / 1e6, "convention": convention,
-                "flops_per_image_billion": ours / 1e9,
-                "ratio": (ours / 1e9) / (params / 1e6) * 1000,  # billion / million, as printed
-                "params_rel_tol": printed_rel_tol(p["parameters"], p["parameters decimals"]),
-                "flops_rel_tol": printed_rel_tol(p_flops, p["flops per image decimals"]),
-                "note": note,
-            })
-    df = pd.DataFrame(rows)
-    df["params_match"] = ((df.params_million / df.paper_params_million - 1).abs()
-                          <= df.params_rel_tol)
-    df["flops_match"] = ((df.flops_per_image_billion / df.paper_flops_billion - 1).abs()
-                         <= df.flops_rel_tol)
-    return df

@@ -80,6 +80,8 @@ def list_of(rule: Rule) -> Rule:
                 and all(rule.ok(x) for x in v), lambda: f"a non-empty list, each {rule.expected}")
 
 
+# The lazy choices below import their modules when a check runs, not when a notebook imports
+# this module (they import torch).
 def _model_names() -> tuple[str, ...]:
     from localsgd.models import MODEL_NAMES
 
@@ -93,7 +95,7 @@ def _dataset_names() -> tuple[str, ...]:
 
 
 def _ddp_model_names() -> tuple[str, ...]:
-    from localsgd.bench_ddp import MODELS, SOURCE_MODELS
+    from localsgd.bench.ddp import MODELS, SOURCE_MODELS
 
     return (*MODELS, *SOURCE_MODELS)
 
@@ -163,7 +165,7 @@ RULES: dict[str, Rule] = {
     "device": DEVICE,
     "batched": FLAG,
     "refresh": FLAG,
-    # dynamo_ddp: eager vs compiled DDP (localsgd.bench_ddp)
+    # dynamo_ddp: eager vs compiled DDP (localsgd.bench.ddp)
     "ddp_models": list_of(one_of(lazy=_ddp_model_names)),
     "batches": POSITIVE_INTS,
     "world_sizes": list_of(integer(2)),

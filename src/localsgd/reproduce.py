@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+import pandas as pd
 import yaml
+from tqdm.auto import tqdm
 
 MODES = ("smoke", "quick", "paper")
 # Injected by the harness into every notebook; YAML files must not set them.
@@ -141,7 +143,7 @@ def _snapshot(folder: Path) -> dict[Path, float]:
 def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Path,
                  cwd: Path, kernel: str = "python3") -> RunResult:
     """Execute one notebook with papermill; a failure is recorded, never raised."""
-    import papermill as pm
+    import papermill as pm  # deferred: a slow import, needed only to execute a notebook
 
     params = {**load_params(spec, mode), "mode": mode, "out_dir": str(out_dir)}
     executed = build_dir / f"{spec.id}.{mode}.ipynb"
@@ -170,8 +172,6 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
 def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path, cwd: Path,
         kernel: str = "python3", progress: bool = True) -> list[RunResult]:
     """Run every planned notebook in order, with a progress bar; failures do not stop the rest."""
-    from tqdm.auto import tqdm
-
     results = []
     bar = tqdm(specs, desc=f"notebooks ({mode})", unit="nb", disable=not progress)
     for spec in bar:
@@ -183,8 +183,6 @@ def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path,
 
 def summary_table(results: list[RunResult]) -> str:
     """The final table: id, mode, status, seconds, files written."""
-    import pandas as pd
-
     rows = [{"id": r.id, "mode": r.mode, "status": r.status, "seconds": round(r.seconds, 1),
              "files written": len(r.files)} for r in results]
     table = pd.DataFrame(rows, columns=["id", "mode", "status", "seconds", "files written"])

@@ -106,7 +106,7 @@ def device_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
                             "cpu_count": os.cpu_count()}
     try:
-        import torch
+        import torch  # deferred: provenance of any run, also ones that never import torch
 
         info["torch_threads"] = torch.get_num_threads()
         info["cuda"] = torch.cuda.is_available()

@@ -19,11 +19,11 @@ The recipe of §4.2.1 (ResNet-20 on CIFAR):
 
 Time: the loop measures compute seconds per step for every worker and records the median worker
 (as if the K workers ran in parallel) plus the number of synchronisation rounds per level;
-`localsgd.timing.modelled_time` adds modelled communication on a `timing.Cluster`.
+`localsgd.timing.cluster.modelled_time` adds modelled communication on a `Cluster`.
 
-Checkpoints (``checkpoint_path``): written atomically every ``checkpoint_every`` epochs and on
-Ctrl-C, loaded with ``weights_only=True``; a resumed run ends bitwise equal to an uninterrupted one
-on CPU (same config, same seed).
+Checkpoints (``checkpoint_path``, `localsgd.checkpoint`): written atomically every
+``checkpoint_every`` epochs and on Ctrl-C, loaded with ``weights_only=True``; a resumed run ends
+bitwise equal to an uninterrupted one on CPU (same config, same seed).
 """
 
 from __future__ import annotations
@@ -42,18 +42,22 @@ from typing import Any
 import pandas as pd
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import models as models_mod
+from localsgd import results
+from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
+from localsgd.engines import Engine
+from localsgd.engines.ddp import DDPEngine
+from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
-from localsgd.paths import atomic_path
 from localsgd.schedule import SyncSchedule, Topology
 
-__all__ = ["CHECKPOINT_FORMAT", "ENGINES", "RankCheckpoints", "TrainConfig", "build_engine",
+__all__ = ["ENGINES", "TrainConfig", "build_engine", "evaluate", "load_dataset", "lr_schedule",
            "run_cached", "train"]
 
-CHECKPOINT_FORMAT = 1
 MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
 
 
@@ -248,12 +252,10 @@ ENGINES = ("replicas", "ddp")
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
-                 **options: Any) -> Any:
+                 **options: Any) -> Engine:
     """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
     ``cfg.batched``) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
-    (`localsgd.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers)."""
-    from localsgd.replicas import BatchedReplicaEngine, ReplicaEngine
-
+    (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers)."""
     if kind not in ENGINES:
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
     if kind == "replicas" and options:
@@ -296,8 +298,6 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                                nesterov=cfg.nesterov and local_m > 0)
 
     if kind == "ddp":
-        from localsgd.ddp import DDPEngine
-
         return DDPEngine(model_fn, schedule, optimizer_fn, outer=outer,
                          lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                          average_buffers=cfg.average_buffers, device=cfg.device,
@@ -408,115 +408,6 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std:
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints
-# ----------------------------------------------------------------------------------------------
-
-
-def save_checkpoint(path: str | Path, state: dict) -> Path:
-    """Write a checkpoint atomically: a reader never sees a half-written file."""
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-    return Path(path)
-
-
-def load_checkpoint(path: str | Path, cfg: TrainConfig) -> dict:
-    """Load and validate a checkpoint of ``cfg``'s run (``weights_only=True``)."""
-    path = Path(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for garbled files
-        raise ValueError(
-            f"checkpoint {path} is corrupt or not a localsgd checkpoint ({type(err).__name__}: "
-            f"{err}); delete it to start afresh or point checkpoint_path elsewhere"
-        ) from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path} is not a localsgd training checkpoint "
-                         f"(format {CHECKPOINT_FORMAT}); delete it or use another path")
-    saved = state.get("config", {})
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
-    # a field added after the checkpoint was written counts as its default value
-    saved = {k: saved.get(k, defaults[k]) for k in cfg.to_dict()}
-    diff = {k: (saved.get(k), v) for k, v in cfg.to_dict().items()
-            if _jsonish(saved.get(k)) != _jsonish(v)}
-    if diff:
-        described = ", ".join(f"{k}: saved {a!r} vs now {b!r}" for k, (a, b) in diff.items())
-        raise ValueError(f"checkpoint {path} belongs to another configuration ({described}); "
-                         "resume with the saved configuration or use another checkpoint_path")
-    return state
-
-
-def _jsonish(v: Any) -> Any:
-    return list(v) if isinstance(v, tuple) else v
-
-
-class RankCheckpoints:
-    """Per-rank checkpoints of a multi-process run (one worker per process, e.g. torchrun).
-
-    Rank r writes ``<stem>.rank{r}.step{t}<suffix>`` atomically; then the ranks agree (one
-    ``all_gather_object``) that all of them hold step t before each deletes its files older than
-    the previous step. So at any moment -- also after a SIGKILL of every worker -- the newest
-    step that every rank holds is complete, and the one before it is still on disk.
-    """
-
-    KEEP = 2  # the newest complete step and its predecessor (a fallback if the newest is bad)
-
-    def __init__(self, base: str | Path, engine: Any):
-        self.base, self.engine = Path(base), engine
-        self.rank = engine.local_ranks[0]
-
-    def path(self, t: int) -> Path:
-        return self.base.with_name(f"{self.base.stem}.rank{self.rank}.step{t:09d}"
-                                   f"{self.base.suffix}")
-
-    def steps(self) -> list[int]:
-        prefix = f"{self.base.stem}.rank{self.rank}.step"
-        found = []
-        for f in self.base.parent.glob(f"{prefix}*{self.base.suffix}"):
-            digits = f.name[len(prefix):len(f.name) - len(self.base.suffix)]
-            if digits.isdigit():
-                found.append(int(digits))
-        return sorted(found)
-
-    def save(self, state: dict, t: int) -> None:
-        save_checkpoint(self.path(t), state)
-        at = self.engine.all_gather_object(t)  # every rank has written step t past this point
-        if len(set(at)) != 1:
-            raise RuntimeError(f"ranks checkpointed different steps {at}; the schedule diverged")
-        for old in self.steps()[:-self.KEEP]:
-            self.path(old).unlink(missing_ok=True)
-
-    def load_latest(self, cfg: TrainConfig) -> dict | None:
-        """The newest step every rank holds (collective); None if no rank has one. A corrupt or
-        mismatched file on any rank fails on every rank, naming the rank and the problem."""
-        everyone = self.engine.all_gather_object(self.steps())
-        common = sorted(set(everyone[0]).intersection(*map(set, everyone[1:])))
-        if not common:
-            holders = [r for r, steps in enumerate(everyone) if steps]
-            if holders:
-                raise ValueError(
-                    f"checkpoints {self.base.stem}.rank*.step* exist for ranks {holders} but not "
-                    f"for ranks {[r for r, st in enumerate(everyone) if not st]} of this "
-                    f"{len(everyone)}-worker run (saved with another world size, or on another "
-                    "machine's disk?); resume with the saved launch or use another folder")
-            return None
-        t = common[-1]
-        state, error = None, None
-        try:
-            state = load_checkpoint(self.path(t), cfg)
-        except ValueError as err:
-            error = str(err)
-        errors = [(r, e) for r, e in enumerate(self.engine.all_gather_object(error)) if e]
-        if errors:
-            prev = [s for s in common if s < t]
-            hint = (f"; step {prev[-1]} is the previous complete checkpoint: delete the "
-                    f"step-{t} files ({self.base.stem}.rank*.step{t:09d}{self.base.suffix}) to "
-                    "resume from it" if prev else "")
-            raise ValueError(f"cannot resume from step {t}: " + "; ".join(
-                f"rank {r}: {e}" for r, e in errors) + hint)
-        return state
-
-
-# ----------------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------------
 
@@ -568,7 +459,7 @@ def train(
     resume: bool = True,
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
-    engine: Callable[[TrainConfig, int, int], Any] | None = None,
+    engine: Callable[[TrainConfig, int, int], Engine] | None = None,
     checkpoint_every_steps: int = 0,
 ) -> pd.DataFrame:
     """Train ``cfg`` and return one record per epoch (and one at the last update).
@@ -592,10 +483,8 @@ def train(
     preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
     gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
     """
-    from tqdm.auto import tqdm
-
     t_start = time.perf_counter()
-    ds = dataset if dataset is not None else _load(cfg)
+    ds = dataset if dataset is not None else load_dataset(cfg)
     device = torch.device(cfg.device)
     source = (_StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
               else _MemoryBatches(ds, cfg, device))
@@ -722,7 +611,7 @@ def train(
     return df
 
 
-def _load(cfg: TrainConfig) -> data_mod.ImageDataset | data_mod.ImageFolders:
+def load_dataset(cfg: TrainConfig) -> data_mod.ImageDataset | data_mod.ImageFolders:
     if cfg.dataset == "imagenet":
         folders = data_mod.imagenet_folders(image_size=cfg.image_size,
                                             resize=round(cfg.image_size * 256 / 224))
@@ -746,8 +635,6 @@ _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
     """`train` through the results cache: identical configs (also across notebooks) train once."""
-    from localsgd import results
-
     key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
            and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
     return results.cached("train", key, lambda: train(cfg, progress=progress), refresh=refresh)

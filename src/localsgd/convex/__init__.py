@@ -5,7 +5,8 @@
   NumPy reference implementation.
 * ``gridsearch``  — Appendix E's self-extending step-size grid.
 * ``experiments`` — the §3.4 time model and the Fig. 4 / Fig. 5 sweeps.
-* ``bench``       — throughput of the simulator against the reference.
+
+Its throughput benchmark is `localsgd.bench.convex`.
 """
 
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
+from tqdm.auto import tqdm
 
 from localsgd.convex.gridsearch import grid_search
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar
 from localsgd.convex.simulator import FAMILIES, TorchProblem, simulate
+from localsgd.data import load_libsvm
 from localsgd.schedule import Topology
 
 EPSILON = 0.005  # Appendix E target accuracy
@@ -134,8 +137,6 @@ def run_configs(tp: TorchProblem, configs: Sequence[Config], seeds: Sequence[int
     """Tune every config in order, warm-starting each grid at the previous config's optimum.
 
     ``progress`` shows a tqdm bar (a widget in Jupyter) that disappears when done."""
-    from tqdm.auto import tqdm
-
     rows, centers = [], None
     for cfg in tqdm(configs, desc="configs", leave=False, disable=not progress):
         row, _ = tune(tp, cfg, seeds, target, centers=centers, **kw)
@@ -147,10 +148,6 @@ def run_configs(tp: TorchProblem, configs: Sequence[Config], seeds: Sequence[int
 def load_w8a_problem(dtype=None) -> tuple[LogisticProblem, TorchProblem]:
     """w8a as the Appendix E problem (λ = 1/n) and its torch twin (float32 SGD state by
     default, see ``simulator``'s note on precision; f is always evaluated in float64)."""
-    import torch
-
-    from localsgd.data import load_libsvm
-
     A, b = load_libsvm("w8a")
     problem = LogisticProblem(A, b)
     return problem, TorchProblem(problem, dtype or torch.float32)

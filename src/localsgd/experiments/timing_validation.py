@@ -1,8 +1,8 @@
 """The timing model checked against real runs of the torchrun runner (issue 11, item 2).
 
-`localsgd.timing.simulate` predicts the wall-clock time of synchronous, local and hierarchical
-SGD with stragglers. Here the same configurations run for real: ``python -m localsgd.ddp`` with
-``--sweep`` trains a grid of them one after another inside one torchrun launch (one torch
+`localsgd.timing.simulate.simulate` predicts the wall-clock time of synchronous, local and
+hierarchical SGD with stragglers. Here the same configurations run for real:
+``python -m localsgd.runner`` with ``--sweep`` trains a grid of them one after another inside one torchrun launch (one torch
 start-up per world size), gloo on this machine's loopback, compute emulated by a sleep
 (``--compute-ms``) and stragglers emulated as in the PyTorch hierarchical-SGD blog ("Experimental
 Setup": every step each worker stalls for S seconds with probability p; here seeded by
@@ -43,16 +43,26 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue as queue_mod
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+import torch.distributed as dist
+import yaml
 
-from localsgd.timing import Cluster, Scheme, Stragglers, _stall_draws, simulate
+from localsgd.distributed import spawn
+from localsgd.runner import SWEEP_OPTIONS
+from localsgd.timing.cluster import Cluster
+from localsgd.timing.simulate import Scheme, simulate
+from localsgd.timing.stragglers import Stragglers, stall_draws
+from localsgd.train import TrainConfig
 
 __all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "grid", "launch",
            "measure", "predict", "predict_random", "validate"]
@@ -115,8 +125,6 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     """Run ``entries`` in one ``torchrun --standalone --nproc-per-node workers`` launch of the
     runner (``--sweep``); ``steps`` updates per run. Returns {"seconds": launch wall time,
     "warm": steps before the window, "command": the command line}; outputs in ``out/runs``."""
-    import yaml
-
     if workers < 2:
         raise ValueError(f"workers={workers}: the runner needs >= 2 processes")
     out = Path(out)
@@ -132,7 +140,7 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     (out / "base.yaml").write_text(yaml.safe_dump(cfg))
     (out / "sweep.yaml").write_text(yaml.safe_dump(entries))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(workers), "-m", "localsgd.ddp", "--config", str(out / "base.yaml"),
+           str(workers), "-m", "localsgd.runner", "--config", str(out / "base.yaml"),
            "--sweep", str(out / "sweep.yaml"), "--out", str(runs), "--no-progress", "--fast-exit",
            "--compute-ms", str(compute_ms), "--straggler-seconds", str(straggler_seconds),
            "--straggler-rate", str(straggler_rate)]
@@ -265,11 +273,6 @@ def calibrate(run_dir: Path, warm: int, model_mb: float) -> Calibration:
 def run_configs(out: Path) -> dict:
     """name -> the TrainConfig each run of a launch trained (base.yaml + its sweep entry, as
     the runner resolves them)."""
-    import yaml
-
-    from localsgd.ddp import SWEEP_OPTIONS
-    from localsgd.train import TrainConfig
-
     base = yaml.safe_load((Path(out) / "base.yaml").read_text())
     entries = yaml.safe_load((Path(out) / "sweep.yaml").read_text())
     return {e["name"]: TrainConfig.from_dict(
@@ -318,7 +321,7 @@ def predict_random(cals: dict[str, Calibration], schemes: dict[str, Scheme], ste
     workers = next(iter(cals.values())).workers
     rows = []
     for seed in range(draws):
-        stalls = _stall_draws(stragglers, workers, steps,
+        stalls = stall_draws(stragglers, workers, steps,
                               np.random.default_rng([1000 + seed, workers]), runner_stalls=False)
         secs = predict(cals, schemes, stalls, jitter_seeds=1)
         rows.append(secs[SYNC] / secs)
@@ -437,12 +440,6 @@ QUEUE_MODEL_MB = 1.078888  # ResNet-20's float32 parameters, as in the runner's 
 
 def _queue_worker(rank: int, world: int, schemes, steps: int, compute_ms: float,
                   stall_s: float, rate: float, seed: int, model_mb: float) -> list[dict]:
-    import queue as queue_mod
-    import threading
-
-    import torch
-    import torch.distributed as dist
-
     tensor = torch.zeros(max(1, int(model_mb * 1e6 / 4)))
     ops: queue_mod.SimpleQueue = queue_mod.SimpleQueue()
     cv = threading.Condition()
@@ -508,8 +505,6 @@ def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0
     ``calib`` run (local SGD H = 1, Q = 1): mean compute op and median all-reduce op; the model
     is `simulate` with ``queue_steps`` = Q for the averaging scheme, 1 for the baseline, the same
     stall draws (``runner_stalls``), nothing overlapped (``grad_overlap=0``)."""
-    from localsgd.distributed import spawn
-
     res = spawn(_queue_worker, workers, list(schemes), steps, compute_ms, stall_s, rate, seed,
                 model_mb, timeout=600)
     rows = [r for per_rank in res for r in per_rank]

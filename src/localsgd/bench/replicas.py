@@ -6,9 +6,9 @@ three share the machine's noise:
 
 * ``single``: one model, ``torch.optim.SGD(lr 0.1, momentum 0.9, weight decay 1e-4)``, batch B
   (the floor: what one worker costs without any replica machinery);
-* ``replica``: `localsgd.replicas.ReplicaEngine`, K replicas of batch B each, run one after the
-  other (K * B samples per step), local SGD averaging parameters and BN buffers every H steps;
-* ``batched``: `localsgd.replicas.BatchedReplicaEngine`, the same K replicas as one vmapped
+* ``replica``: `localsgd.engines.replicas.ReplicaEngine`, K replicas of batch B each, run one
+  after the other (K * B samples per step), local SGD averaging parameters and BN buffers every H steps;
+* ``batched``: `localsgd.engines.replicas.BatchedReplicaEngine`, the same K replicas as one vmapped
   forward/backward.
 
 Inputs are random uint8-like images [B, 3, 32, 32] scaled to [0, 1] and random labels: a speed
@@ -24,13 +24,16 @@ separate ones; on a GPU it replaces K small launches by one large one -- unmeasu
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
 import torch
 from torch import nn
+
+from localsgd.bench.common import emit, machine
+from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+from localsgd.models import build_model
+from localsgd.schedule import SyncSchedule, Topology
 
 
 def _sync(device: torch.device) -> None:
@@ -60,10 +63,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-
-    from localsgd.models import build_model
-    from localsgd.replicas import BatchedReplicaEngine, ReplicaEngine
-    from localsgd.schedule import SyncSchedule, Topology
 
     device = torch.device(args.device)
     k, b = args.world, args.batch
@@ -136,16 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "inputs": "random uint8-like [B, 3, 32, 32] in [0, 1], random labels (speed only)",
         "device": str(device),
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
         "wall_s": round(time.perf_counter() - t_start, 2),
+        "machine": machine(),
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for key, value in out.items():
-            print(f"{key:>22}: {value}")
+    emit(out, args.json)
     return 0
 
 

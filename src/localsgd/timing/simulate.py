@@ -1,14 +1,8 @@
-"""Communication-time and wall-clock models.
+"""Wall-clock model of synchronous, local and hierarchical SGD, SlowMo and SGP with stragglers.
 
-Appendix B of Lin et al. (2020) prices one all-reduce among ``p`` devices at ``C·log2(p)``
-(recursive halving and doubling), with ``C = C1`` inside a server and ``C = C2`` across servers
-(``C1 ≪ C2``). Eq. (6) then gives the total communication cost of hierarchical local SGD.
-
-`Cluster` / `modelled_time` price a training run's syncs on a cluster; `Stragglers`,
-`split_waiting` and `timing_summary` serve the torchrun runner. `simulate` predicts the
-wall-clock time of synchronous, local and hierarchical SGD, SlowMo and SGP with stragglers
-(per-worker clocks; a sync releases at its group's slowest member), `plan_schedules` ranks
-schedules for a cluster (``localsgd plan``).
+`simulate` predicts the wall-clock time of a list of `Scheme`s on one cluster (per-worker clocks;
+a sync releases at its group's slowest member); `localsgd.timing.plan` ranks schedules with it
+(``localsgd plan``).
 """
 
 from __future__ import annotations
@@ -21,308 +15,12 @@ from functools import lru_cache
 import numpy as np
 import pandas as pd
 
+from localsgd.schedule import SyncSchedule, Topology
+from localsgd.timing.cluster import Cluster
+from localsgd.timing.stragglers import STRAGGLER_SALT, Stragglers, stall_draws
 
-@dataclass(frozen=True)
-class ClusterShape:
-    """``servers × gpus_per_server`` devices, the paper's "a×b-GPU" notation (e.g. 8×2)."""
+__all__ = ["SCHEME_KINDS", "Scheme", "check_int_arg", "run_clocks", "simulate"]
 
-    servers: int
-    gpus_per_server: int
-
-    def __post_init__(self) -> None:
-        for name in ("servers", "gpus_per_server"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r}: must be a positive integer")
-
-    @property
-    def world_size(self) -> int:
-        return self.servers * self.gpus_per_server
-
-    @classmethod
-    def parse(cls, text: str) -> ClusterShape:
-        """Parse ``"8x2"`` (or ``"8×2"``) into 8 servers with 2 GPUs each."""
-        parts = text.lower().replace("×", "x").split("x")
-        try:
-            servers, gpus = (int(p) for p in parts)
-        except ValueError:
-            raise ValueError(f"cluster shape {text!r}: expected 'SERVERSxGPUS', e.g. '8x2'") from None
-        return cls(servers, gpus)
-
-    def __str__(self) -> str:
-        return f"{self.servers}x{self.gpus_per_server}"
-
-
-def sync_rounds(n_samples: int, workers: int, batch: int, local_steps: int,
-                block_steps: int) -> tuple[int, int]:
-    """(block-only rounds, global rounds) over training, as counted in eq. (6).
-
-    ``⌈N/(K·B·H)⌉`` synchronizations happen in total, ``⌈N/(K·B·H·H^b)⌉`` of them global; the
-    rest stay inside a server.
-    """
-    for name, v in (("n_samples", n_samples), ("workers", workers), ("batch", batch),
-                    ("local_steps", local_steps), ("block_steps", block_steps)):
-        if v < 1:
-            raise ValueError(f"{name}={v}: must be >= 1")
-    total = math.ceil(n_samples / (workers * batch * local_steps))
-    global_ = math.ceil(n_samples / (workers * batch * local_steps * block_steps))
-    return total - global_, global_
-
-
-def comm_cost_eq6(n_samples: int, shape: ClusterShape, batch: int, local_steps: int,
-                  block_steps: int, c_intra: float, c_inter: float) -> float:
-    """Total communication cost of hierarchical local SGD, Lin et al. (2020) eq. (6).
-
-    ``(⌈N/KBH⌉ − ⌈N/KBHH^b⌉)·C1·K'·log2(K/K') + ⌈N/KBHH^b⌉·C2·log2 K`` with K devices on K'
-    servers. The intra-server term is multiplied by K' exactly as printed (the servers' rounds are
-    summed, not overlapped); it is zero for one GPU per server. Units are those of C1 and C2.
-    """
-    k, servers = shape.world_size, shape.servers
-    block_rounds, global_rounds = sync_rounds(n_samples, k, batch, local_steps, block_steps)
-    intra = block_rounds * c_intra * servers * math.log2(k / servers)
-    inter = global_rounds * c_inter * math.log2(k)
-    return intra + inter
-
-
-def schedule_sync_counts(shape: ClusterShape, local_steps: int, block_steps: int,
-                         steps: int) -> dict[str, int]:
-    """Count intra-server and global averaging rounds of the first ``steps`` local updates.
-
-    Runs the real :class:`~localsgd.schedule.SyncSchedule` of hierarchical local SGD (blocks are
-    the servers), so it checks the schedule against Table 3's "# of sync." rows and eq. (6).
-    """
-    from localsgd.schedule import SyncSchedule, Topology
-
-    topo = Topology.from_paper(shape.world_size, local_steps, block_size=shape.gpus_per_server,
-                               block_steps=block_steps)
-    schedule = SyncSchedule(topo)
-    counts = {"within_server": 0, "global": 0}
-    for t in range(1, steps + 1):
-        level = schedule.action(t).level
-        if level is None:
-            continue
-        counts["global" if level == topo.top else "within_server"] += 1  # blocks = servers
-    return counts
-
-
-def comm_cost_table(topologies: list[str], n_samples: int, batch: int, local_steps: list[int],
-                    block_steps: list[int], c_intra: float, c_inter: float) -> pd.DataFrame:
-    """Eq. (6) over a grid of (cluster shape, H, H^b): one tidy row per combination.
-
-    Also counts the rounds by running the schedule over ``N/(K·B)`` updates, so every row
-    carries eq. (6)'s round counts beside the schedule's.
-    """
-    rows = []
-    for text in topologies:
-        shape = ClusterShape.parse(text)
-        k = shape.world_size
-        for h in local_steps:
-            for hb in block_steps:
-                block_rounds, global_rounds = sync_rounds(n_samples, k, batch, h, hb)
-                rows.append({
-                    "topology": str(shape), "K": k, "servers": shape.servers, "H": h, "Hb": hb,
-                    "H*Hb": h * hb, "block_rounds": block_rounds, "global_rounds": global_rounds,
-                    "cost": comm_cost_eq6(n_samples, shape, batch, h, hb, c_intra, c_inter),
-                    "cost_intra_only": block_rounds * c_intra * shape.servers
-                    * math.log2(k / shape.servers),
-                })
-    df = pd.DataFrame(rows)
-    if 1 in local_steps and 1 in block_steps:  # mini-batch SGD (H = H^b = 1) as the yardstick
-        baseline = df[(df.H == 1) & (df.Hb == 1)].set_index("topology")["cost"]
-        df["cost_vs_minibatch"] = df["cost"] / df["topology"].map(baseline)
-    return df
-
-
-# ----------------------------------------------------------------------------------------------
-# A cluster model for the deep-learning time axes (compute is measured, communication modelled)
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """Communication side of a GPU cluster: ``gpus_per_node`` workers share a node.
-
-    One all-reduce of ``nbytes`` among ``g`` workers costs
-    ``latency · ⌈log2 g⌉ + 2 (g − 1)/g · nbytes / bandwidth`` (ring all-reduce bytes, recursive
-    doubling latency, as App. B counts steps in log2 p). The bandwidth is the intra-node one when
-    a group fits inside a node (contiguous ranks), else the inter-node one: a group that spans
-    nodes is bound by its slowest link. ``extra_global_seconds`` adds a fixed delay to every
-    global (whole-world) round, the knob of Figure 9 (b, c).
-    """
-
-    gpus_per_node: int = 1
-    intra_gbps: float = 100.0  # e.g. PCIe / NVLink inside a server
-    inter_gbps: float = 10.0  # the paper's 10 Gbps cluster (Fig. 7)
-    latency_s: float = 50e-6
-    extra_global_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
-            raise ValueError(f"gpus_per_node={self.gpus_per_node!r}: must be an integer >= 1")
-        for name in ("intra_gbps", "inter_gbps"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be > 0 (Gbit/s)")
-        for name in ("latency_s", "extra_global_seconds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)!r}: must be >= 0 seconds")
-
-    def allreduce_seconds(self, group_size: int, nbytes: float, world_size: int) -> float:
-        """Modelled seconds of one all-reduce of ``nbytes`` inside groups of ``group_size``."""
-        if group_size < 1 or world_size < group_size:
-            raise ValueError(f"group_size={group_size} must be in [1, world_size={world_size}]")
-        if group_size == 1:
-            return 0.0
-        gbps = self.intra_gbps if group_size <= self.gpus_per_node else self.inter_gbps
-        seconds = (self.latency_s * math.ceil(math.log2(group_size))
-                   + 2 * (group_size - 1) / group_size * nbytes * 8 / (gbps * 1e9))
-        if group_size == world_size:
-            seconds += self.extra_global_seconds
-        return seconds
-
-
-def modelled_time(records: pd.DataFrame, cluster: Cluster) -> pd.Series:
-    """Time axis of a training run: measured compute + modelled communication, in seconds.
-
-    ``records`` are `localsgd.train` records: cumulative ``compute_seconds`` (median worker per
-    step, as if the K workers ran in parallel), ``param_bytes``, ``world_size`` and, per level
-    ``i``, its group size ``group_l{i}``, model-averaging rounds ``sync_l{i}`` and
-    gradient all-reduce rounds ``gradsync_l{i}`` (cumulative). Cluster parameters do not enter
-    the training, so one run can be priced on many clusters.
-    """
-    comm = pd.Series(0.0, index=records.index)
-    levels = sorted(int(c[len("group_l"):]) for c in records.columns if c.startswith("group_l"))
-    for i in levels:
-        # runs with fewer levels (flat beside hierarchical) have NaN here: no such level
-        cost = [0.0 if pd.isna(g) else cluster.allreduce_seconds(int(g), float(b), int(k))
-                for g, b, k in zip(records[f"group_l{i}"], records["param_bytes"],
-                                   records["world_size"], strict=True)]
-        rounds = records[f"sync_l{i}"].fillna(0) + records[f"gradsync_l{i}"].fillna(0)
-        comm += rounds * pd.Series(cost, index=records.index)
-    return records["compute_seconds"] + comm
-
-
-# ----------------------------------------------------------------------------------------------
-# Stragglers and the measured compute / waiting / communication split (torchrun runner)
-# ----------------------------------------------------------------------------------------------
-
-_STRAGGLER_SALT = 0x57A6  # keeps the stall draws apart from every other stream seeded by `seed`
-
-
-@dataclass(frozen=True)
-class Stragglers:
-    """Emulated stragglers, as in the PyTorch hierarchical-SGD blog ("Experimental Setup": every
-    step, each worker stalls for 1 s with probability 1-2 %).
-
-    At local update ``t`` worker ``rank`` stalls for ``seconds`` with probability ``rate``,
-    independently per worker and step: the draw is a pure function of (seed, rank, t), so a
-    resumed run stalls exactly where the uninterrupted one did. Ranks in ``persistent`` stall at
-    every step (the blog's "persistent stragglers", which hierarchy cannot mitigate).
-    """
-
-    seconds: float = 0.0
-    rate: float = 0.0
-    persistent: tuple[int, ...] = ()
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.seconds >= 0:
-            raise ValueError(f"straggler seconds={self.seconds!r}: must be >= 0")
-        if not 0.0 <= self.rate <= 1.0:
-            raise ValueError(f"straggler rate={self.rate!r}: must be a probability in [0, 1]")
-        ranks = tuple(self.persistent)
-        if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks):
-            raise ValueError(f"persistent straggler ranks {ranks!r}: must be integers >= 0")
-        object.__setattr__(self, "persistent", ranks)
-
-    @property
-    def active(self) -> bool:
-        return self.seconds > 0 and (self.rate > 0 or bool(self.persistent))
-
-    def stall(self, rank: int, t: int) -> float:
-        """Seconds worker ``rank`` stalls at local update ``t`` (0.0 or ``seconds``)."""
-        if not self.active:
-            return 0.0
-        if rank in self.persistent:
-            return float(self.seconds)
-        if self.rate <= 0:
-            return 0.0
-        import numpy as np
-
-        u = np.random.default_rng([self.seed, _STRAGGLER_SALT, rank, t]).random()
-        return float(self.seconds) if u < self.rate else 0.0
-
-
-SYNC_KINDS = ("grad", "avg")  # gradient all-reduce (before the update), model average (after)
-
-
-def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFrame:
-    """Split every synchronisation of a runner timeline into waiting and communication.
-
-    ``timeline`` has one row per (step, rank) with wall-clock timestamps (seconds, a clock shared
-    by the workers: ``time.time()``, i.e. exact on one machine and NTP-accurate across machines)
-    and, per sync kind k in ``SYNC_KINDS``, ``{k}_level`` (None: no sync of that kind),
-    ``{k}_arrive`` (this rank is ready to communicate) and ``{k}_end`` (its collective returned).
-
-    A collective cannot finish before the last member of the group arrives, so for rank r in
-    group G: ``wait = max_{j in G} arrive_j - arrive_r`` (blocked because another rank is late)
-    and ``comm = end_r - max_{j in G} arrive_j`` (moving the bytes). Adds ``wait_s`` and
-    ``comm_s`` (summed over both kinds) and ``wait_{k}_s`` / ``comm_{k}_s``.
-    """
-    df = timeline.copy()
-    df["wait_s"] = 0.0
-    df["comm_s"] = 0.0
-    for kind in SYNC_KINDS:
-        level, arrive, end = df[f"{kind}_level"], df[f"{kind}_arrive"], df[f"{kind}_end"]
-        has = level.notna()
-        wait = pd.Series(0.0, index=df.index)
-        comm = pd.Series(0.0, index=df.index)
-        if has.any():
-            sub = df.loc[has, ["step", "rank"]].copy()
-            sizes = level[has].astype(int).map(lambda lv: group_sizes[lv])
-            sub["group"] = sub["rank"] // sizes
-            sub["level"] = level[has].astype(int)
-            release = arrive[has].groupby([sub["step"], sub["level"], sub["group"]]).transform("max")
-            wait[has] = (release - arrive[has]).clip(lower=0.0)
-            comm[has] = (end[has] - release).clip(lower=0.0)
-        df[f"wait_{kind}_s"], df[f"comm_{kind}_s"] = wait, comm
-        df["wait_s"] += wait
-        df["comm_s"] += comm
-    return df
-
-
-def timing_summary(df: pd.DataFrame, group_sizes: list[int]) -> dict:
-    """Closing summary of a `split_waiting` table: steps/s, shares of worker time spent
-    computing / waiting / communicating, and bytes each level moved (sum over workers of the
-    buffers they all-reduced; a ring all-reduce puts 2(g-1)/g of that on the wire)."""
-    steps = int(df["step"].nunique())
-    span = float(df["end"].max() - df["start"].min())
-    wall = float(df["wall_s"].sum())
-    out = {
-        "steps": steps, "workers": int(df["rank"].nunique()), "seconds": span,
-        "steps_per_s": steps / span if span > 0 else float("nan"),
-        # median over steps of the slowest worker's step: the compiled-vs-eager comparison
-        # (the first, compiling, steps do not move it)
-        "median_step_s": float(df.groupby("step")["wall_s"].max().median()),
-        "compute_share": float(df["compute_s"].sum()) / wall,
-        "wait_share": float(df["wait_s"].sum()) / wall,
-        "comm_share": float(df["comm_s"].sum()) / wall,
-        "stall_seconds": float(df["stall_s"].sum()),
-        "stalls": int((df["stall_s"] > 0).sum()),
-    }
-    for level, g in enumerate(group_sizes):
-        moved = 0
-        for kind in SYNC_KINDS:
-            mask = df[f"{kind}_level"] == level
-            moved += int(df.loc[mask, f"{kind}_bytes"].sum())
-        out[f"bytes_l{level}"] = moved
-        out[f"group_l{level}"] = g
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# Wall-clock model of synchronous, local, hierarchical SGD, SlowMo and SGP with stragglers
-# ----------------------------------------------------------------------------------------------
-#
 # No event queue: every worker has a clock, every step adds its compute (+ stall), and a
 # synchronisation of a group sets the clocks of its members to the group's release time
 # (the slowest member's arrival) plus the collective's cost. Between two syncs of a group its
@@ -449,11 +147,9 @@ class Scheme:
 
     @classmethod
     def from_train_config(cls, cfg, steps_per_epoch: int, name: str = "") -> Scheme:
-        """What ``python -m localsgd.ddp`` runs for a `TrainConfig`: the same `SyncSchedule`
+        """What ``python -m localsgd.runner`` runs for a `TrainConfig`: the same `SyncSchedule`
         that `localsgd.train.train` builds (``steps_per_epoch`` = per-worker share of the data
         // local_batch, as ``train._steps`` computes it)."""
-        from localsgd.schedule import SyncSchedule
-
         schedule = SyncSchedule(  # mirrors localsgd.train.train's construction
             cfg.topology(),
             warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),
@@ -557,8 +253,6 @@ def _schedule_plan(schedule, steps: int) -> dict[str, np.ndarray]:
 @lru_cache(maxsize=256)
 def _plan(scheme: Scheme, workers: int, gpn: int, steps: int,
           host_grad_default: bool) -> dict[str, np.ndarray]:
-    from localsgd.schedule import SyncSchedule, Topology
-
     if scheme.kind == "schedule":
         if scheme.schedule.topology.world_size != workers:
             raise ValueError(f"scheme {scheme.name!r}: its schedule is for "
@@ -619,25 +313,6 @@ def _lognormal_compute(rng: np.random.Generator, mean: float, cv: float,
     return rng.lognormal(math.log(mean) - sigma2 / 2, math.sqrt(sigma2), size=shape)
 
 
-def _stall_draws(stragglers: Stragglers, workers: int, steps: int, rng: np.random.Generator,
-                 runner_stalls: bool) -> np.ndarray:
-    """[steps, workers] stall seconds with `Stragglers` semantics (rate per worker and step,
-    persistent ranks every step); ``runner_stalls`` reproduces `Stragglers.stall` draw by draw."""
-    bad = [r for r in stragglers.persistent if r >= workers]
-    if bad:
-        raise ValueError(f"persistent straggler ranks {bad} do not exist among {workers} workers "
-                         f"(ranks 0..{workers - 1})")
-    if not stragglers.active:
-        return np.zeros((steps, workers))
-    if runner_stalls:
-        return np.array([[stragglers.stall(r, t) for r in range(workers)]
-                         for t in range(1, steps + 1)])
-    stall = (rng.random((steps, workers)) < stragglers.rate) * float(stragglers.seconds)
-    if stragglers.persistent:
-        stall[:, list(stragglers.persistent)] = stragglers.seconds
-    return stall
-
-
 class _GroupMax:
     """Segment max over contiguous groups of a flattened [configs × workers] array, one group
     size per configuration (np.maximum.reduceat); index arrays cached per size pattern."""
@@ -657,14 +332,15 @@ class _GroupMax:
         return np.repeat(np.maximum.reduceat(flat, starts), counts)
 
 
-def _run(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.ndarray,
-         avg_cost: np.ndarray, gossip_cost: float, allgather_cost: float,
-         steps: int, queue: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None
-         ) -> dict[str, np.ndarray]:
-    """Advance every configuration's worker clocks through ``steps`` steps.
+def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.ndarray,
+               avg_cost: np.ndarray, gossip_cost: float, allgather_cost: float,
+               steps: int, queue: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None
+               ) -> dict[str, np.ndarray]:
+    """Advance every configuration's worker clocks through ``steps`` steps: the simulator's
+    core, also for callers with their own step times (`simulate` draws them).
 
-    ``work`` [steps, W]: compute + effective stall of each worker and step (shared by the
-    configurations: common random numbers, so differences are the schemes', not the draws').
+    ``plans``: one `Scheme.plan` per configuration. ``work`` [steps, W]: compute + effective
+    stall of each worker and step (shared by the configurations: common random numbers, so differences are the schemes', not the draws').
     ``grad_cost[c, g]`` / ``avg_cost[c, g]``: exposed seconds of a gradient all-reduce / model
     average in groups of size g for configuration c. Returns per-configuration arrays
     ``clock`` (final per-worker time), ``wait`` and ``comm`` (per-worker totals).
@@ -749,7 +425,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        ``jitter`` (0: every step the same), drawn once and shared by every scheme;
     2. stall: `Stragglers` semantics (``rate`` per worker and step, ``seconds`` long; ranks in
        ``persistent`` stall every step), drawn once and shared; with ``runner_stalls`` exactly
-       the draws of ``python -m localsgd.ddp`` (`Stragglers.stall`; slow: pure-Python per draw);
+       the draws of ``python -m localsgd.runner`` (`Stragglers.stall`; slow: pure-Python per draw);
        ``stalls`` ([steps, workers] seconds) replaces the draws, e.g. by the ``stall_s`` a real
        run recorded in its timing.csv.
        ``queued_fraction`` q: the share of a step's device work already queued when the host
@@ -802,7 +478,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
                  inter_gbps=32.0), compute_ms=55.0, model_mb=45.0,
                  stragglers=Stragglers(seconds=1.0, rate=0.01))
 
-    A torchrun run (``python -m localsgd.ddp``, gloo, ``--compute-ms M``, stragglers): one
+    A torchrun run (``python -m localsgd.runner``, gloo, ``--compute-ms M``, stragglers): one
     `Scheme.from_train_config` per run, ``compute_ms`` = M plus the measured per-step overhead,
     ``backward_fraction=0`` (the emulated compute sleeps in the forward), ``Stragglers`` as the
     runner's flags (``runner_stalls=True`` for its exact draws, or ``stalls=`` the recorded
@@ -810,11 +486,11 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     """
     cluster = Cluster() if cluster is None else cluster
     stragglers = Stragglers() if stragglers is None else stragglers
-    _check_int_arg("workers", workers, 1)
-    _check_int_arg("steps", steps, 1)
-    _check_int_arg("queue_steps", queue_steps, 0)
+    check_int_arg("workers", workers, 1)
+    check_int_arg("steps", steps, 1)
+    check_int_arg("queue_steps", queue_steps, 0)
     if sync_queue_steps is not None:
-        _check_int_arg("sync_queue_steps", sync_queue_steps, 0)
+        check_int_arg("sync_queue_steps", sync_queue_steps, 0)
     for name, value, lo, hi in (("compute_ms", compute_ms, 0.0, None),
                                 ("jitter", jitter, 0.0, None), ("model_mb", model_mb, 0.0, None),
                                 ("grad_overlap", grad_overlap, 0.0, 1.0),
@@ -842,7 +518,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
         run.append(Scheme.sync(name="__baseline_sync__"))
     plans = [s.plan(workers, gpn, steps, intra_host_grad_allreduce) for s in run]
 
-    rng = np.random.default_rng([seed, _STRAGGLER_SALT, workers])
+    rng = np.random.default_rng([seed, STRAGGLER_SALT, workers])
     compute = _lognormal_compute(rng, compute_ms / 1e3, jitter, (steps, workers))
     if stalls is not None:
         stall = np.asarray(stalls, dtype=float)
@@ -850,7 +526,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
             raise ValueError(f"stalls: expected a [steps={steps}, workers={workers}] array of "
                              f"seconds >= 0, got shape {stall.shape}")
     else:
-        stall = _stall_draws(stragglers, workers, steps, rng, runner_stalls)
+        stall = stall_draws(stragglers, workers, steps, rng, runner_stalls)
     eff_stall = np.maximum(stall - queued_fraction * compute, 0.0) * (stall > 0)
     work = compute + eff_stall
 
@@ -871,7 +547,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     sync_q = queue_steps if sync_queue_steps is None else sync_queue_steps
     depths = [sync_q if sc.kind == "sync" else queue_steps for sc in run]
     queue = (compute, stall, queued_fraction, depths) if max(depths) > 1 else None
-    res = _run(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue)
+    res = run_clocks(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue)
 
     rows = []
     for c, (scheme, plan) in enumerate(zip(run, plans, strict=True)):
@@ -925,112 +601,6 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     return df[cols]
 
 
-def _check_int_arg(name: str, value, minimum: int) -> None:
+def check_int_arg(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name}={value!r}: must be an integer >= {minimum}")
-
-
-def candidate_schemes(workers: int, gpus_per_node: int, max_period: int = 8) -> list[Scheme]:
-    """Schedules worth ranking for one cluster (`localsgd plan`): synchronous SGD, local SGD
-    with H = 2, 4, ... ≤ ``max_period``, and hierarchies in the blog's style — a period-p group
-    of one node or a few nodes, optionally a middle level, the world every ``P`` steps."""
-    _check_int_arg("workers", workers, 1)
-    _check_int_arg("gpus_per_node", gpus_per_node, 1)
-    _check_int_arg("max_period", max_period, 2)
-    out = [Scheme.sync()]
-    periods = [2 ** k for k in range(1, max_period.bit_length()) if 2 ** k <= max_period]
-    out += [Scheme.local(h) for h in periods]
-    groups = [g for g in (gpus_per_node * 2 ** k for k in range(12))
-              if 1 < g < workers and workers % g == 0]
-    seen = set()
-    for top in periods[1:]:
-        for p1 in [p for p in (1, *periods) if p < top]:
-            for g1 in groups[:3]:  # the node and 2 or 4 nodes: the cheap, frequent level
-                levels = [(p1, g1), (top, workers)]
-                mids = [g for g in groups if g > g1 and g % g1 == 0]
-                options = [levels]
-                if p1 * 2 < top and mids:
-                    options.append([(p1, g1), (p1 * 2, mids[len(mids) // 2]), (top, workers)])
-                for lv in options:
-                    key = tuple(lv)
-                    if key not in seen:
-                        seen.add(key)
-                        out.append(Scheme.hierarchical(lv, name="hsgd:" + ",".join(
-                            f"{p}-{g}" for p, g in lv)))
-    return out
-
-
-def plan_schedules(*, workers: int, gpus_per_node: int = 1, model_mb: float = 45.0,
-                   step_ms: float = 55.0, straggler_rate: float = 0.0, straggler_s: float = 0.0,
-                   persistent: Sequence[int] = (), inter_gbps: float = 32.0,
-                   intra_gbps: float = 100.0, latency_s: float = 50e-6, steps: int = 1000,
-                   max_period: int = 8, schemes: Sequence[str] | None = None,
-                   jitter: float = 0.0, seed: int = 0, **model_options) -> pd.DataFrame:
-    """Rank schedules for a cluster by predicted time per step (`simulate`), fastest first; the
-    synchronous baseline wins ties (it converges best per step). ``model_options`` go to
-    `simulate` (grad_overlap, backward_fraction, intra_host_grad_allreduce, queued_fraction)."""
-    if workers % gpus_per_node and workers > gpus_per_node:
-        raise ValueError(f"--workers {workers} is not a multiple of --gpus-per-node "
-                         f"{gpus_per_node}: workers fill whole nodes")
-    cluster = Cluster(gpus_per_node=gpus_per_node, intra_gbps=intra_gbps,
-                      inter_gbps=inter_gbps, latency_s=latency_s)
-    stragglers = Stragglers(seconds=straggler_s, rate=straggler_rate,
-                            persistent=tuple(persistent), seed=seed)
-    cands = ([Scheme.parse(s) for s in schemes] if schemes
-             else candidate_schemes(workers, gpus_per_node, max_period))
-    if not any(s.kind == "sync" for s in cands):
-        cands.insert(0, Scheme.sync())
-    df = simulate(cands, workers=workers, steps=steps, cluster=cluster, compute_ms=step_ms,
-                  jitter=jitter, stragglers=stragglers, model_mb=model_mb, seed=seed,
-                  **model_options)
-    df["order"] = np.arange(len(df))  # candidates' order breaks ties: sync, then simplest
-    # equal to 1e-9 relative counts as a tie (float sums of the same step times)
-    df["key"] = np.round(df["step_ms"] / df["step_ms"].min(), 9)
-    df = df.sort_values(["key", "order"], kind="stable").drop(columns=["key", "order"])
-    df.insert(0, "rank", np.arange(1, len(df) + 1))
-    return df.reset_index(drop=True)
-
-
-def format_plan(df: pd.DataFrame, top: int | None = 15) -> str:
-    """The ranking as a plain-text table (`localsgd plan`)."""
-    shown = df if top is None else df.head(top)
-    lines = [(f"{'rank':>4}  {'scheme':28s} {'ms/step':>9} {'steps/s':>8} {'speed-up':>8} "
-             f"{'wait':>6} {'comm':>6}")]
-    for r in shown.itertuples():
-        lines.append(f"{r.rank:>4}  {r.scheme:28s} {r.step_ms:9.1f} {r.steps_per_s:8.2f} "
-                     f"{r.speedup:7.2f}x {100 * r.wait_share:5.1f}% {100 * r.comm_share:5.1f}%")
-    if top is not None and len(df) > top:
-        lines.append(f"      ... {len(df) - top} more (--top 0 shows all)")
-    return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------------------------
-# The PyTorch hierarchical-SGD blog's benchmark (seed 000, "Experimental Setup")
-# ----------------------------------------------------------------------------------------------
-
-BLOG_LOCAL = ("local:2", "local:4", "local:8")
-BLOG_HSGD = {  # "HSGD p1-g1,p2-g2,..." configurations per GPU count, as the blog names them
-    64: ("hsgd:2-8,4-32,8-64", "hsgd:4-32,8-64"),
-    128: ("hsgd:2-8,4-32,8-128", "hsgd:4-32,8-128"),
-    256: ("hsgd:1-4,2-16,4-64,8-256", "hsgd:2-8,4-64,8-256", "hsgd:4-16,8-256"),
-}
-BLOG_RANGES = {64: (2.08, 2.45), 128: (2.57, 2.68), 256: (2.63, 3.25)}  # HSGD speed-ups (text)
-
-
-def blog_schemes(workers: int) -> list[str]:
-    """sync, local SGD every 2/4/8 steps and the blog's HSGD configurations for ``workers``
-    (other counts: the 256-GPU hierarchy's shape scaled to ``workers``)."""
-    hsgd = BLOG_HSGD.get(workers)
-    if hsgd is None:
-        raise ValueError(f"the blog lists HSGD configurations for {sorted(BLOG_HSGD)} GPUs, "
-                         f"not {workers}")
-    return ["sync", *BLOG_LOCAL, *hsgd]
-
-
-def simulate_seeds(schemes: Sequence[Scheme | str], seeds: Sequence[int], **kwargs
-                   ) -> pd.DataFrame:
-    """`simulate` once per seed (new compute and stall draws), rows concatenated."""
-    if not seeds:
-        raise ValueError("seeds must not be empty")
-    return pd.concat([simulate(schemes, seed=int(s), **kwargs) for s in seeds],
-                     ignore_index=True)

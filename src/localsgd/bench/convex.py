@@ -14,30 +14,28 @@ flops per multiply-add), compared with a square ``torch.mm`` measured in the sam
 dtype. The simulator does only ~4·nnz(a_i) of them (sparse rows), so
 ``fraction_of_matmul_peak`` says how fast it is next to a dense engine at matmul peak, not how
 busy the FPU is.
-Prints one JSON line (medians over ``--repeats``).
+Prints the medians over ``--repeats`` (``--json``: one JSON line; `localsgd.bench.common`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
 
 import numpy as np
 import torch
 
+from localsgd.bench.common import emit, machine
 from localsgd.convex.objective import LogisticProblem
 from localsgd.convex.simulator import FAMILIES, LocalSGDState, TorchProblem, reference_local_sgd
+from localsgd.data import load_libsvm
 from localsgd.schedule import Topology
 
 
 def _problem(source: str) -> tuple[LogisticProblem, str]:
     if source in ("auto", "w8a"):
         try:
-            from localsgd.data import load_libsvm
-
             A, b = load_libsvm("w8a", download=False)
             return LogisticProblem(A, b), "w8a"
         except FileNotFoundError:
@@ -62,7 +60,7 @@ def _matmul_flops(dtype: torch.dtype, repeats: int, n: int = 512) -> float:
     return 2 * n**3 / statistics.median(times)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="localsgd bench convex", description=__doc__.split("\n")[0])
     p.add_argument("--K", type=int, default=16, help="workers")
     p.add_argument("--B-loc", type=int, default=16, help="local mini-batch")
@@ -77,7 +75,7 @@ def main(argv: list[str]) -> int:
                    help="both engines (float32 is what the figures use)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: per core)")
     p.add_argument("--data", choices=["auto", "w8a", "synthetic"], default="auto")
-    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    p.add_argument("--json", action="store_true", help="print one JSON line only")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -126,18 +124,13 @@ def main(argv: list[str]) -> int:
                     "reference": "dense rows, NumPy, one run and one worker at a time"},
         "repeats": args.repeats,
         "threads": args.threads,
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "torch": torch.__version__, "numpy": np.__version__},
+        "machine": machine(),
     }
-    if not args.json:
-        print(f"simulator {ours_rate:,.0f} grads/s vs reference {ref_rate:,.0f} grads/s "
-              f"({out['speedup']:.1f}x); {out['fraction_of_matmul_peak']:.1%} of matmul "
-              f"{mm / 1e9:.1f} GFLOP/s ({args.dtype}, {args.threads} thread(s))")
-    print(json.dumps(out))
+    emit(out, args.json, f"simulator {ours_rate:,.0f} grads/s vs reference {ref_rate:,.0f} "
+         f"grads/s ({out['speedup']:.1f}x); {out['fraction_of_matmul_peak']:.1%} of matmul "
+         f"{mm / 1e9:.1f} GFLOP/s ({args.dtype}, {args.threads} thread(s))")
     return 0
 
 
 if __name__ == "__main__":
-    import sys
-
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())

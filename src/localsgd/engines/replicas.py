@@ -32,26 +32,21 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call, stack_module_state
 
-from . import gossip as gossip_mod
-from .outer import OuterUpdate
-from .schedule import Action, SyncDriver, SyncSchedule, Topology
+from localsgd import gossip as gossip_mod
+from localsgd.engines.common import Batch, clone_tensors, count_correct, worker_generator
+from localsgd.outer import OuterUpdate
+from localsgd.schedule import Action, SyncDriver, SyncSchedule, Topology
 
 __all__ = [
     "BatchedReplicaEngine",
     "ReplicaCommunicator",
     "ReplicaEngine",
     "make_engine",
-    "worker_generator",
 ]
 
-Batch = tuple[torch.Tensor, torch.Tensor]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def worker_generator(seed: int, rank: int, device: str | torch.device = "cpu") -> torch.Generator:
-    """Worker `rank`'s own random stream (data order, sampling): seeded with ``seed + rank``."""
-    return torch.Generator(device=device).manual_seed(int(seed) + int(rank))
 
 
 def _group_mean_(stack: torch.Tensor, group_size: int) -> None:
@@ -91,16 +86,6 @@ def _stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list
     return flat, views
 
 
-def _clone_tensors(obj: Any) -> Any:
-    if torch.is_tensor(obj):
-        return obj.detach().clone()
-    if isinstance(obj, dict):
-        return type(obj)((k, _clone_tensors(v)) for k, v in obj.items())
-    if isinstance(obj, list | tuple):
-        return type(obj)(_clone_tensors(v) for v in obj)
-    return obj
-
-
 def _clock(device: torch.device) -> Callable[[], float]:
     """perf_counter that first waits for queued kernels on an accelerator (else it times the
     launch, not the work)."""
@@ -117,15 +102,6 @@ def _clock(device: torch.device) -> Callable[[], float]:
         return time.perf_counter()
 
     return now
-
-
-def _correct(out: torch.Tensor, y: torch.Tensor, class_dim: int) -> torch.Tensor | None:
-    """Number of argmax hits along `class_dim` (per replica if stacked); None for non-class
-    (floating) targets, where "correct" has no meaning."""
-    if y.is_floating_point():
-        return None
-    hits = out.detach().argmax(dim=class_dim) == y
-    return hits.flatten(class_dim - 1).sum(class_dim - 1) if class_dim > 1 else hits.sum()
 
 
 class ReplicaCommunicator:
@@ -492,7 +468,7 @@ class ReplicaEngine(_Engine):
             loss.backward()
             if timed:
                 seconds.append(now() - t0)
-                correct.append(_correct(out, y, 1))
+                correct.append(count_correct(out, y, 1))
             losses.append(loss.detach())
         self.driver.before_step()
         for r, opt in enumerate(self.optimizers):
@@ -515,7 +491,7 @@ class ReplicaEngine(_Engine):
 
     def state_dict(self) -> dict:
         """Everything a resume needs; tensors are cloned (model tensors alias the live stack)."""
-        return _clone_tensors({
+        return clone_tensors({
             "models": [m.state_dict() for m in self.models],
             "optimizers": [o.state_dict() for o in self.optimizers],
             **self._common_state(),
@@ -587,8 +563,6 @@ class BatchedReplicaEngine(_Engine):
         peers_per_step: int = 1,
         device: str | torch.device = "cpu",
     ):
-        from torch.func import stack_module_state
-
         k = self._init_common(schedule, seed, lr_schedule, device)
         torch.manual_seed(self.seed)
         self._template = model_fn().to(device)  # skeleton for functional_call; own tensors unused
@@ -637,8 +611,6 @@ class BatchedReplicaEngine(_Engine):
         return torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches])
 
     def _forward(self, x: torch.Tensor, y: torch.Tensor, loss_fn: LossFn):
-        from torch.func import functional_call
-
         template = self._template
 
         def one_replica(params, buffers, xk, yk):
@@ -676,7 +648,7 @@ class BatchedReplicaEngine(_Engine):
             seconds += now() - t0
         action = self.driver.after_step(self.current_lr())
         if timed:
-            correct = _correct(out, y, 2)
+            correct = count_correct(out, y, 2)
             stats["correct"] = ([None] * self.world_size if correct is None
                                 else correct.tolist())
             stats["compute_seconds"] = [seconds / self.world_size] * self.world_size
@@ -702,7 +674,7 @@ class BatchedReplicaEngine(_Engine):
     def state_dict(self) -> dict:
         """Everything a resume needs. ``models`` holds K per-replica state dicts in the same
         format as `ReplicaEngine.state_dict`; ``optimizer`` the one stacked optimizer."""
-        return _clone_tensors({
+        return clone_tensors({
             "models": [self.replica_state_dict(k) for k in range(self.world_size)],
             "optimizer": self.optimizer.state_dict(),
             **self._common_state(),

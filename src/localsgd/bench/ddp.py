@@ -51,7 +51,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -61,6 +60,11 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from localsgd.bench.common import machine
+from localsgd.distributed import spawn
+from localsgd.models import FFNStack
 
 __all__ = ["MODELS", "MODES", "SOURCE_MODELS", "BenchConfig", "BenchResult", "main", "run"]
 
@@ -80,26 +84,6 @@ REFUSED = {
                                                "instead of DDP's C++ reducer)",
 }
 CLASSES = 10
-
-
-class FFNStack(nn.Module):
-    """Residual feed-forward blocks ``x + W2 relu(W1 x)`` (hidden 2x width) and a linear head.
-
-    A user-defined module on purpose: Dynamo does not start a frame in ``torch.nn`` code, so a
-    bare ``nn.Sequential`` under ``torch.compile(DDP(...))`` would run uncompiled.
-    """
-
-    def __init__(self, width: int, blocks: int, classes: int = CLASSES):
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, width))
-            for _ in range(blocks))
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = x + block(x)
-        return self.head(x)
 
 
 def build_model(name: str) -> FFNStack:
@@ -141,6 +125,7 @@ class BenchConfig:
         return [int(self.batch)] * len(self.models)
 
     def check(self) -> None:
+        # torch._dynamo: a heavy import (seconds), paid only when a benchmark is configured
         from torch._dynamo.backends.registry import list_backends
 
         bad_modes = [m for m in self.modes if m not in MODES]
@@ -209,8 +194,7 @@ class _Runner:
     """One mode's DDP model, optimizer and compiled forward in this process."""
 
     def __init__(self, mode: str, model_name: str, cfg: BenchConfig, world: int, group=None):
-        from torch._dynamo.backends.registry import lookup_backend
-        from torch.nn.parallel import DistributedDataParallel
+        from torch._dynamo.backends.registry import lookup_backend  # heavy: see check()
 
         self.mode = mode
         torch.manual_seed(cfg.seed)  # every mode and rank starts from the same weights
@@ -415,8 +399,6 @@ def summarize(steps: pd.DataFrame, meta_rows: pd.DataFrame) -> pd.DataFrame:
 
 def run(cfg: BenchConfig | None = None, *, timeout: float = 600.0, **overrides) -> BenchResult:
     """Run the benchmark (see module docstring); ``overrides`` are `BenchConfig` fields."""
-    from localsgd.distributed import spawn
-
     cfg = cfg or BenchConfig()
     if overrides:
         cfg = BenchConfig(**{**asdict(cfg), **overrides})
@@ -448,10 +430,7 @@ def run(cfg: BenchConfig | None = None, *, timeout: float = 600.0, **overrides) 
     summary = summarize(steps, meta_rows)
     meta = {
         "config": asdict(cfg),
-        "device": "cpu", "process_group": "gloo",
-        "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-        "load_avg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "torch": torch.__version__, "python": platform.python_version(),
+        "device": "cpu", "process_group": "gloo", **machine(),
         "inductor_cache": "fresh temporary folder for this call, removed afterwards",
         "wall_s": round(time.perf_counter() - t_start, 2),
     }

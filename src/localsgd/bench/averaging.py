@@ -12,13 +12,17 @@ the slowest rank's; the JSON line reports medians in milliseconds.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+from localsgd.averaging import PeriodicAverager
+from localsgd.bench.common import emit, machine
+from localsgd.distributed import spawn
 
 
 def resnet20_shapes(width: float = 1.0) -> list[tuple[int, ...]]:
@@ -37,7 +41,7 @@ def resnet20_shapes(width: float = 1.0) -> list[tuple[int, ...]]:
 
 def resnet18_shapes() -> list[tuple[int, ...]]:
     """Parameter shapes of torchvision's ResNet-18 (11.7M params), built on the meta device."""
-    import torchvision
+    import torchvision  # deferred: a slow import, needed only for this shape list
 
     with torch.device("meta"):
         model = torchvision.models.resnet18()
@@ -67,10 +71,6 @@ def _make(shapes, seed: int) -> list[torch.nn.Parameter]:
 
 
 def _worker(rank: int, world: int, shapes, repeats: int, warmup: int) -> dict | None:
-    from torch.distributed.algorithms.model_averaging.utils import average_parameters
-
-    from localsgd.averaging import PeriodicAverager
-
     # Three independent parameter sets: torch's function rebinds .data, which must not disturb
     # ours (our parameters are views of our flat buffer).
     ours_params = _make(shapes, rank)
@@ -119,8 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1 or args.warmup < 0:
         raise SystemExit("--repeats must be >= 1 and --warmup >= 0")
 
-    from localsgd.distributed import spawn
-
     shapes = shapes_for(args.params)
     t0 = time.perf_counter()
     res = spawn(_worker, args.world, shapes, args.repeats, args.warmup, threads=args.threads)[0]
@@ -138,14 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "threads": args.threads,
         "backend": "gloo",
-        "torch": torch.__version__,
         "wall_s": round(time.perf_counter() - t0, 2),
+        "machine": machine(),
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:>16}: {v}")
+    emit(out, args.json)
     return 0
 
 

@@ -1,0 +1,158 @@
+"""Shared helpers of the deep-learning experiments: grids of `TrainConfig` runs, time axes,
+time-to-accuracy, speed-ups and claim verdicts (one module per source builds on these:
+`localsgd.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
+
+Notebooks stay thin: they pick parameters, call these functions and plot. Runs go through the
+results cache (`localsgd.train.run_cached`), so two artifacts that need the same run (Figure 6's
+H = 1…16 curves are Table 1's "local SGD w/o tricks" column) train it once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from localsgd import data
+from localsgd.timing.cluster import Cluster, modelled_time
+from localsgd.train import TrainConfig, run_cached
+
+__all__ = ["WORK_KEYS", "claim_verdict", "dataset_available", "pool_compute", "run_grid",
+           "speedup_table", "time_to_accuracy", "with_time"]
+
+
+def dataset_available(name: str, *, download: bool = False) -> tuple[bool, str]:
+    """(True, where) if image data set ``name`` loads here, else (False, the loader's message).
+
+    Notebooks use it to report "data unavailable" in their status instead of substituting
+    another data set (e.g. CIFAR-100 on machines without a copy).
+    """
+    kwargs = {"download": download} if name in data.CIFAR_DATASETS else {}
+    try:
+        ds = data.load_image_dataset(name, **kwargs)
+    except FileNotFoundError as err:
+        return False, str(err)
+    return True, getattr(ds, "source", name)
+
+
+def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress: bool = True,
+             labels: Sequence[dict] | None = None) -> pd.DataFrame:
+    """Train every config (cached) and concatenate their records, one ``run`` id per config.
+
+    ``labels`` (one dict per config) adds columns such as method or B_glob to each run's rows.
+    """
+    if labels is not None and len(labels) != len(configs):
+        raise ValueError(f"got {len(labels)} labels for {len(configs)} configs")
+    frames = []
+    for i, cfg in enumerate(tqdm(configs, desc="runs", disable=not progress)):
+        df = run_cached(cfg, refresh=refresh, progress=progress).assign(run=i)
+        if labels is not None:
+            df = df.assign(**labels[i])
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+# the config fields that set a worker's work per update (not H, K or the schedule)
+WORK_KEYS = ("dataset", "model", "width", "local_batch", "image_size", "augment", "device",
+             "dtype")
+
+
+def pool_compute(records: pd.DataFrame, by: Sequence[str] = WORK_KEYS) -> pd.DataFrame:
+    """``records`` with ``compute_seconds`` = updates × the median per-update compute over the
+    runs (``run``) doing the same work per update (same ``by`` fields); the measured values
+    move to ``compute_seconds_measured``.
+
+    Local SGD changes how often workers communicate, not what one update computes, so every run
+    of a grid should pay the same compute per update; measured per run on a shared CPU it
+    drifts by several per cent between runs minutes apart, which would otherwise enter the
+    time-axis speed-ups (Figure 6's moved 0.65× → 0.75× between two idle-machine runs)."""
+    if "run" not in records.columns:
+        raise ValueError("pool_compute needs a 'run' column (run_grid adds it)")
+    out = records.copy()
+    keys = [k for k in by if k in out.columns]
+    last = out.sort_values("step").groupby("run").last()
+    per_run = last["compute_seconds"] / last["step"]
+    group = last[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", last.index)
+    pooled = per_run.groupby(group).transform("median")
+    out["compute_seconds_measured"] = out["compute_seconds"]
+    out["compute_seconds"] = out["step"] * out["run"].map(pooled)
+    return out
+
+
+def with_time(records: pd.DataFrame, cluster: Cluster, *,
+              compute_seconds_per_step: float | None = None,
+              sync_seconds: float | None = None, column: str = "time_s") -> pd.DataFrame:
+    """Add a time column: measured compute + modelled communication on ``cluster``.
+
+    ``compute_seconds_per_step`` replaces the measured compute by a fixed time per update and
+    ``sync_seconds`` prices every averaging/all-reduce round at a fixed cost (e.g. the values
+    `localsgd.experiments.lin2020.step_costs_from_running_times` derives from the paper's
+    own running times).
+    """
+    out = records.copy()
+    if compute_seconds_per_step is None and sync_seconds is None:
+        out[column] = modelled_time(out, cluster)
+        return out
+    compute = (out["compute_seconds"] if compute_seconds_per_step is None
+               else out["step"] * compute_seconds_per_step)
+    if sync_seconds is None:
+        comm = modelled_time(out, cluster) - out["compute_seconds"]
+    else:
+        rounds = sum(out[c].fillna(0) for c in out.columns
+                     if c.startswith(("sync_l", "gradsync_l")))
+        comm = rounds * sync_seconds
+    out[column] = compute + comm
+    return out
+
+
+def time_to_accuracy(x: Iterable[float], acc: Iterable[float], target: float) -> float:
+    """First x at which ``acc`` reaches ``target``, interpolated linearly between records
+    (from (0, 0) before the first record); NaN if it never does."""
+    xs = np.concatenate([[0.0], np.asarray(list(x), dtype=float)])
+    ys = np.concatenate([[0.0], np.asarray(list(acc), dtype=float)])
+    hit = np.nonzero(ys >= target)[0]
+    if not len(hit):
+        return math.nan
+    i = int(hit[0])
+    if i == 0 or ys[i] == ys[i - 1]:
+        return float(xs[i])
+    return float(xs[i - 1] + (target - ys[i - 1]) * (xs[i] - xs[i - 1]) / (ys[i] - ys[i - 1]))
+
+
+def speedup_table(records: pd.DataFrame, *, time_col: str = "time_s", acc_col: str = "train_acc",
+                  by: str = "local_steps", baseline: object = 1,
+                  target: float | None = None) -> pd.DataFrame:
+    """Time to a common accuracy target per (seed, ``by``) and the speed-up over ``baseline``.
+
+    The target defaults, per seed, to the lowest final accuracy among the compared runs, so every
+    run reaches it ("reaches the same training accuracy", Figure 6).
+    """
+    rows = []
+    for seed, part in records.groupby("seed"):
+        groups = {key: g.sort_values("step") for key, g in part.groupby(by)}
+        tgt = target if target is not None else min(g[acc_col].iloc[-1] for g in groups.values())
+        times = {key: time_to_accuracy(g[time_col], g[acc_col], tgt) for key, g in groups.items()}
+        if baseline not in times:
+            raise ValueError(f"no run with {by} = {baseline!r} to compare against "
+                             f"(have {sorted(times)})")
+        for key, t in times.items():
+            rows.append({"seed": seed, by: key, "target_acc": tgt, "time_to_target": t,
+                         "speedup": times[baseline] / t if t > 0 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def claim_verdict(values: Sequence[float], threshold: float, *, higher_is_better: bool = True,
+                  unit: str = "") -> tuple[str, float, float]:
+    """("held" / "did not hold" + mean ± std over seeds, mean, std) for a claim "value ≥ thr"."""
+    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if not len(arr):
+        return "not measurable (no run reached the target)", math.nan, math.nan
+    mean = float(arr.mean())
+    std = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+    ok = mean >= threshold if higher_is_better else mean <= threshold
+    spread = f"{mean:.2f}{unit} ± {std:.2f} over {len(arr)} seed(s)" if len(arr) > 1 else \
+        f"{mean:.2f}{unit} (1 seed, no spread)"
+    return ("held" if ok else "did not hold") + f": {spread}", mean, std
