@@ -173,6 +173,11 @@ CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
      lambda: (slowmo_mean_acc("SGP alone"), slowmo_mean_acc("SGP + SlowMo β=0.4, α=1"))),
     ("papers/dynamo_ddp_update/notes.md", rf"compiled DDP ran at {NUM}–{NUM}× eager",
      dynamo_speed),
+    ("papers/dynamo_ddp_update/notes.md", r"compiled losses within (\d\.\d)e-5 relative",
+     lambda: (csv("dynamo_ddp")["loss_max_rel_diff"].max() / 1e-5,)),
+    ("papers/lin2020_local_sgd/notes.md", rf"Reaching {NUM} % \(H = 1\) and {NUM} %",
+     lambda: tuple(csv("fig08_imagenet").sort_values("epoch").groupby("local_steps")["test_acc"]
+                   .last().loc[[1, 8]])),
     ("papers/cruise_meta_hsgd_blog/notes.md", rf"speed-ups come out {NUM}–{NUM} % below",
      blog_gap_pct),
     # Lin et al.'s notes
