@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PRECISIONS", "apply_numerics", "autocast", "numerics_state"]
+__all__ = ["PRECISIONS", "apply_numerics", "autocast", "numerics_scope", "numerics_state"]
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 CUBLAS_WORKSPACE = ":4096:8"
@@ -137,3 +137,27 @@ def autocast(precision: str, device: str | torch.device | None = None):
     if precision != "bf16":
         return contextlib.nullcontext()
     return torch.autocast(device_type=_device_type(device), dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def numerics_scope(precision: str = "fp32", deterministic: bool = False,
+                   device: str | torch.device | None = None, *, strict: bool = False):
+    """`apply_numerics` for the duration of a ``with`` block (yields its record), then put
+    back the flags that were in force (for checks such as ``localsgd doctor`` and tests)."""
+    b = torch.backends
+    saved = (b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32, torch.get_float32_matmul_precision(),
+             b.cudnn.deterministic, b.cudnn.benchmark,
+             torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+    try:
+        yield apply_numerics(precision, deterministic, device, strict=strict)
+    finally:
+        b.cuda.matmul.allow_tf32, b.cudnn.allow_tf32 = saved[0], saved[1]
+        torch.set_float32_matmul_precision(saved[2])
+        b.cudnn.deterministic, b.cudnn.benchmark = saved[3], saved[4]
+        torch.use_deterministic_algorithms(saved[5], warn_only=saved[6])
+        if saved[7] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[7]
