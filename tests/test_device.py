@@ -279,3 +279,23 @@ def test_autocast_helper():
             assert (x @ x).dtype == torch.float32
     with pytest.raises(ValueError):
         numerics.autocast("fp8")
+
+
+def test_init_from_env_really_joins_a_gloo_group(monkeypatch):
+    # not mocked: a 1-process gloo group from torchrun-style variables, device cpu
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    dist = distributed.dist
+    assert not dist.is_initialized()
+    try:
+        assert distributed.init_from_env(device="cpu") == (0, 1, torch.device("cpu"))
+        assert dist.get_backend() == "gloo"
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

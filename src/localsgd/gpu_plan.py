@@ -359,3 +359,25 @@ def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
             params.update(yaml.safe_load(yaml_path.read_text()) or {})
         items += notebook_items(nb_id, params)
     return items
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m localsgd.gpu_plan [--gpu NAME] [--mode paper] [--only NB ...]``: print the
+    plan (phase 2 wires this to ``localsgd reproduce --mode paper --plan``)."""
+    import argparse
+
+    from localsgd.results import repo_root
+
+    p = argparse.ArgumentParser(prog="python -m localsgd.gpu_plan", description=main.__doc__)
+    p.add_argument("--gpu", default=DEFAULT_GPU,
+                   choices=sorted({gpu for gpu, _ in THROUGHPUT}))
+    p.add_argument("--mode", default="paper")
+    p.add_argument("--only", nargs="+", metavar="NB")
+    p.add_argument("--notebooks", type=Path, default=repo_root() / "notebooks")
+    args = p.parse_args(argv)
+    print(plan(paper_items(args.notebooks, args.only, args.mode), args.gpu).format())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
