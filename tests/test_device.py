@@ -50,8 +50,8 @@ def _cases():
 @pytest.mark.parametrize("device,torchrun,local_rank,local_world,gpus", list(_cases()))
 def test_rule_for_every_combination(device, torchrun, local_rank, local_world, gpus):
     want = _expect(device, torchrun, local_rank, local_world, gpus)
-    kwargs = dict(torchrun=torchrun, local_rank=local_rank, local_world_size=local_world,
-                  cuda_available=gpus > 0, cuda_count=gpus)
+    kwargs = {"torchrun": torchrun, "local_rank": local_rank, "local_world_size": local_world,
+                  "cuda_available": gpus > 0, "cuda_count": gpus}
     if isinstance(want, str):
         with pytest.raises(D.DeviceError) as err:
             D.resolve(device, **kwargs)
@@ -86,7 +86,7 @@ def test_one_gpu_eight_processes_fails_before_training():
 
 @pytest.mark.parametrize("torchrun", [False, True])
 def test_explicit_backend_errors(torchrun):
-    kw = dict(torchrun=torchrun, local_rank=0, local_world_size=1)
+    kw = {"torchrun": torchrun, "local_rank": 0, "local_world_size": 1}
     with pytest.raises(D.DeviceError, match=r"backend 'nccl' with device 'cpu'.*drop --backend"):
         D.resolve("cpu", backend="nccl", cuda_available=True, cuda_count=2, **kw)
     with pytest.raises(D.DeviceError, match=r"backend 'gloo' with device 'cuda'"):

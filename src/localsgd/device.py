@@ -109,7 +109,7 @@ def resolve(device: str | torch.device, *, torchrun: bool, local_rank: int = 0,
     elif not (0 <= local_rank < local_world_size):
         raise DeviceError(f"LOCAL_RANK={local_rank} is outside 0..LOCAL_WORLD_SIZE-1 "
                           f"(LOCAL_WORLD_SIZE={local_world_size}); launch with torchrun")
-    where = dict(torchrun=torchrun, local_rank=local_rank, local_world_size=local_world_size)
+    where = {"torchrun": torchrun, "local_rank": local_rank, "local_world_size": local_world_size}
 
     if dev.type == "cpu":
         if backend == "nccl":
