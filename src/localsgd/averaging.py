@@ -453,7 +453,8 @@ class DistributedCommunicator:
     The model's trainable parameters are adopted once into one flat buffer (``flat_params()``,
     the tensor the outer update works on); averaging a level is one in-place all-reduce inside
     this rank's group of that level (groups built once from ``topology.groups``); gossip is one
-    SGP push-sum round with point-to-point isend/irecv following ``localsgd.gossip.plan``.
+    SGP push-sum round: its point-to-point sends and receives (``localsgd.gossip.plan``) posted
+    together with ``batch_isend_irecv``.
 
     Args:
         topology: levels and group sizes; ``world_size`` must equal the process group's size.
@@ -571,13 +572,19 @@ class DistributedCommunicator:
         # Same operation order as gossip.mix_: x = z * w, then x * weight.
         torch.mul(flat, self.ps_weight, out=send[:n]).mul_(plan.weight)
         send[n] = self.ps_weight * plan.weight
+        # All sends and receives of the round are posted together (one batch_isend_irecv): with
+        # NCCL a lone isend may block until its peer posts the matching irecv, so posting them
+        # one by one around the ring can deadlock; batched, NCCL groups them (ncclGroupStart/End)
+        # and gloo posts them all before any wait.
         ops = []
         for peer, src, buf in zip(plan.send_to(self.rank), plan.recv_from(self.rank), recvs,
                                   strict=True):
-            ops.append(dist.isend(send, self._global_ranks[peer], group=self.process_group))
-            ops.append(dist.irecv(buf, self._global_ranks[src], group=self.process_group))
-        for op in ops:
-            op.wait()
+            ops.append(dist.P2POp(dist.isend, send, self._global_ranks[peer],
+                                  group=self.process_group))
+            ops.append(dist.P2POp(dist.irecv, buf, self._global_ranks[src],
+                                  group=self.process_group))
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
         total = send.clone()
         for buf in recvs:
             total += buf

@@ -1,4 +1,4 @@
-"""Command line: ``localsgd reproduce | report | bench | train | plan`` (also
+"""Command line: ``localsgd reproduce | report | bench | train | plan | doctor`` (also
 ``python -m localsgd``)."""
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmarks; `localsgd bench NAME --help` for options")
     b.add_argument("name", choices=sorted(BENCHES))
     b.add_argument("args", nargs=argparse.REMAINDER)
+
+    # `localsgd doctor ...` is dispatched before parsing (main); listed here for --help
+    sub.add_parser("doctor", help="versions, devices, numerics flags; the replica engines on "
+                   "every device vs a CPU float64 reference (`localsgd doctor --help`)")
 
     if runner:
         from localsgd.runner import add_run_arguments  # deferred: imports torch (see above)
@@ -212,6 +216,10 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:
+        from localsgd.doctor import main as doctor
+
+        return doctor(argv[1:])
     args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)
     try:
         if args.command == "train":

@@ -105,27 +105,44 @@ def _get(queue, procs, timeout: float):
     return None, False, f"timed out after {timeout} s waiting for workers"
 
 
-def init_from_env(backend: str | None = None) -> tuple[int, int, torch.device]:
+def init_from_env(backend: str | None = None, *, device: str | torch.device | None = None,
+                  placement=None) -> tuple[int, int, torch.device]:
     """Join the process group described by torchrun's environment (RANK, WORLD_SIZE, ...).
 
-    Uses NCCL when CUDA is available and gloo otherwise, unless ``backend`` is given.
-    Returns ``(rank, world_size, device)``; on CUDA the device is ``cuda:LOCAL_RANK``.
+    Where this rank runs and which backend it uses come from one rule,
+    `localsgd.device.resolve`: pass the resolved ``placement`` (preferred: resolve it, and so
+    fail, before building anything), or the configured ``device`` (resolved here), or neither
+    (the old call ``init_from_env(backend)``: ``backend='nccl'`` means device ``cuda`` and
+    anything else device ``cpu`` -- NOT "NCCL whenever CUDA exists", which handed CPU tensors to
+    NCCL when the engine ran on CPU). On CUDA the rank's GPU is made current and passed to
+    ``init_process_group(backend, device_id=...)``, binding NCCL to it.
+
+    Returns ``(rank, world_size, device)``; on CUDA the device is ``cuda:LOCAL_RANK`` (the
+    engine must be built on it).
+
+    Raises:
+        ValueError: torchrun's variables are missing, or `localsgd.device.DeviceError` (a
+            ValueError) for an impossible device / backend / GPU-count combination.
     """
+    from localsgd import device as device_mod
+
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
                if k not in os.environ]
     if missing:
         raise ValueError(
             f"init_from_env needs torchrun's environment variables; missing {missing} "
             "(launch with `torchrun --nproc-per-node N ...`)")
-    use_cuda = torch.cuda.is_available() and backend in (None, "nccl")
-    backend = backend or ("nccl" if use_cuda else "gloo")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
-    if use_cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+    if placement is None:
+        if device is None:
+            device = "cuda" if backend == "nccl" else "cpu"
+        placement = device_mod.resolve_from_env(device, backend, torchrun=True)
+    elif backend is not None and backend != placement.backend:
+        raise ValueError(f"backend {backend!r} contradicts the resolved placement "
+                         f"({placement.backend} on {placement.device})")
+    dev = device_mod.apply(placement)
     if not dist.is_initialized():
-        dist.init_process_group(backend)
-    return dist.get_rank(), dist.get_world_size(), device
+        if placement.device_id is not None:
+            dist.init_process_group(placement.backend, device_id=placement.device_id)
+        else:
+            dist.init_process_group(placement.backend)
+    return dist.get_rank(), dist.get_world_size(), dev

@@ -1,0 +1,383 @@
+"""GPU-hours plan for the notebooks' paper mode: how many runs, updates and images each
+notebook trains, what that costs on a named GPU, and in which order to spend it.
+
+THE THROUGHPUTS BELOW ARE ESTIMATES, NOT MEASUREMENTS: nothing in this package has run on a GPU.
+Each entry says where its number comes from; replace it with a measurement (``status
+"measured"``) once a GPU run exists (e.g. images/s from a paper-mode run's records).
+
+Cost model: one training image costs 1 / throughput seconds of one GPU, whichever engine runs it
+(K GPUs under torchrun each doing B_loc per update, or one GPU simulating the K workers with
+the replica engine at batch K * B_loc), so a run's GPU-seconds are
+``(updates * images_per_update + eval_images / 3) / images_per_s`` (evaluation: a forward pass,
+~1/3 of a training step). Communication, data loading beyond what the source's number includes,
+start-up and idle GPUs are not counted: a lower bound on a real cluster's bill.
+
+`plan` is the pure computation over `PlanItem`s; `notebook_items` / `paper_items` derive the
+items of each notebook from its ``notebooks/params/<nb>/paper.yaml`` merged over the
+notebook's parameters cell, building the same `TrainConfig` grid the notebook builds (the
+grid code is repeated here, see `_GRIDS`, since notebooks are not importable; Table 1 and
+SlowMo call the notebooks' own `localsgd.experiments` grid functions). Identical configurations
+inside a notebook are counted once (the notebooks' run cache trains them once); across notebooks
+they are counted in every notebook (``shared_across_notebooks`` in `plan`'s total gives the
+de-duplicated figure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_GPU", "THROUGHPUT", "Plan", "PlanItem", "Throughput", "items_from_configs",
+           "notebook_items", "paper_items", "plan", "throughput"]
+
+TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "imagenet": 1_281_167}
+TEST_IMAGES = {"cifar10": 10_000, "cifar100": 10_000, "imagenet": 50_000}
+EVAL_COST = 1 / 3  # one evaluated image relative to one trained image (forward only)
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Training images per second per GPU for one model (float32, TF32 off: the paper's
+    arithmetic), with its provenance."""
+
+    gpu: str
+    model: str
+    images_per_s: float
+    status: str  # "ESTIMATE" until measured, then "measured"
+    source: str
+
+
+def _paper_table5(model: str, hours_h8: float) -> float:
+    """Images/s per GPU from Lin et al.'s Table 5 running time at H = 8 (2 GPUs, 300 epochs of
+    the 50,000 CIFAR images): 300 * 50,000 / 2 images per GPU in ``hours_h8``."""
+    return 300 * 50_000 / 2 / (hours_h8 * 3600)
+
+
+_TITAN_XP, _V100, _A100 = "TITAN Xp", "V100-SXM2-16GB", "A100-SXM4-40GB"
+# FP32 (non-tensor-core) peak TFLOPS from the vendors' spec sheets: TITAN Xp 12.1, V100-SXM2
+# 15.7, A100 19.5 (TF32 off, as the fp32 policy sets); the A100 rows scale by these ratios,
+# which is optimistic for the small CIFAR models (launch- and memory-bound at B_loc = 128).
+_FP32_TFLOPS = {_TITAN_XP: 12.1, _V100: 15.7, _A100: 19.5}
+
+_BASE = [
+    Throughput(_TITAN_XP, "resnet20", _paper_table5("resnet20", 1.55), "ESTIMATE",
+               "Lin et al. 2020 Table 5: ResNet-20 CIFAR-10, 2x1 TITAN Xp, H=8, 1.55 h for 300 "
+               "epochs (includes their data pipeline, evaluation and syncs)"),
+    Throughput(_TITAN_XP, "densenet40_12", _paper_table5("densenet40_12", 3.77), "ESTIMATE",
+               "Lin et al. 2020 Table 5: DenseNet-40-12 CIFAR-10, H=8, 3.77 h"),
+    Throughput(_TITAN_XP, "wrn28_10", _paper_table5("wrn28_10", 12.30), "ESTIMATE",
+               "Lin et al. 2020 Table 5: WideResNet-28-10 CIFAR-10, H=8, 12.30 h"),
+    Throughput(_V100, "resnet50", 128 / 0.34237, "ESTIMATE",
+               "torchvision ResNet-50, FP32 NCHW, batch 128, 342.37 ms per iteration on a "
+               "V100-SXM2 (github.com/sandeepkumar-skb/pytorch_experiments, "
+               "torchvision_exp/README.md); 224 px ImageNet crops"),
+]
+
+
+def _scaled(t: Throughput, gpu: str) -> Throughput:
+    ratio = _FP32_TFLOPS[gpu] / _FP32_TFLOPS[t.gpu]
+    return Throughput(gpu, t.model, t.images_per_s * ratio, "ESTIMATE",
+                      f"{t.gpu} estimate x {ratio:.2f} (FP32 peak {_FP32_TFLOPS[gpu]:g} / "
+                      f"{_FP32_TFLOPS[t.gpu]:g} TFLOPS); base: {t.source}")
+
+
+THROUGHPUT: dict[tuple[str, str], Throughput] = {(t.gpu, t.model): t for t in _BASE}
+for _t in _BASE:
+    for _gpu in _FP32_TFLOPS:
+        THROUGHPUT.setdefault((_gpu, _t.model), _scaled(_t, _gpu))
+DEFAULT_GPU = _A100
+
+
+def throughput(model: str, gpu: str = DEFAULT_GPU) -> Throughput:
+    """The table's entry for ``model`` on ``gpu`` (KeyError naming what exists)."""
+    try:
+        return THROUGHPUT[(gpu, model)]
+    except KeyError:
+        raise KeyError(f"no throughput for {model!r} on {gpu!r}; known: "
+                       f"{sorted(THROUGHPUT)}") from None
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    """``runs`` identical-cost runs of one notebook: each ``updates`` updates of
+    ``images_per_update`` images (K * B_loc), plus ``eval_images`` evaluated images."""
+
+    notebook: str
+    runs: int
+    updates: int
+    images_per_update: int
+    model: str
+    eval_images: int = 0
+    note: str = ""
+    key: Any = None  # identity of ONE configuration (runs must be 1): de-duplication across
+    # notebooks (`plan`'s ``gpu_hours_shared``)
+
+    def __post_init__(self):
+        if min(self.runs, self.updates, self.images_per_update, self.eval_images) < 0:
+            raise ValueError(f"{self}: counts must be >= 0")
+        if self.key is not None and self.runs != 1:
+            raise ValueError(f"{self.notebook}: an item with a key is one configuration "
+                             f"(runs=1), got runs={self.runs}")
+
+
+@dataclass
+class Plan:
+    gpu: str
+    rows: list[dict[str, Any]]
+    total: dict[str, Any]
+    order: list[str]
+    throughputs: list[Throughput]
+
+    def table(self):
+        """The rows and the total as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows + [self.total])
+
+    def format(self) -> str:
+        lines = [f"GPU-hours on {self.gpu} -- ESTIMATED throughputs (not measured):"]
+        lines.append(f"{'notebook':28s} {'runs':>5s} {'updates':>12s} {'images':>15s} "
+                     f"{'GPU-hours':>10s}")
+        for r in self.rows + [self.total]:
+            lines.append(f"{r['notebook']:28s} {r['runs']:5d} {r['updates']:12,d} "
+                         f"{r['images']:15,d} {r['gpu_hours']:10.1f}")
+        lines.append("order (cheapest informative first): " + ", ".join(self.order))
+        for t in self.throughputs:
+            lines.append(f"  {t.model}: {t.images_per_s:,.0f} images/s [{t.status}] {t.source}")
+        return "\n".join(lines)
+
+
+def plan(items: Iterable[PlanItem], gpu: str = DEFAULT_GPU,
+         table: dict[tuple[str, str], Throughput] | None = None) -> Plan:
+    """Per-notebook rows (runs, updates, images, eval_images, gpu_hours, models), a total (the
+    sum of the rows, plus ``gpu_hours_shared``: configurations with the same ``key`` in several
+    notebooks counted once) and a recommended order: notebooks that train nothing first
+    (free), then ascending GPU-hours -- the cheapest informative runs surface problems before
+    the expensive ones are started; ties by name."""
+    table = THROUGHPUT if table is None else table
+    items = list(items)
+    rows: dict[str, dict[str, Any]] = {}
+    used: dict[str, Throughput] = {}
+    seen: dict[Any, float] = {}
+    for it in items:
+        row = rows.setdefault(it.notebook, {"notebook": it.notebook, "runs": 0, "updates": 0,
+                                            "images": 0, "eval_images": 0, "gpu_hours": 0.0,
+                                            "models": "", "note": ""})
+        row["runs"] += it.runs
+        row["updates"] += it.runs * it.updates
+        row["images"] += it.runs * it.updates * it.images_per_update
+        row["eval_images"] += it.runs * it.eval_images
+        if it.note and it.note not in row["note"]:
+            row["note"] = "; ".join(filter(None, [row["note"], it.note]))
+        if it.runs and it.updates:
+            tp = table.get((gpu, it.model))
+            if tp is None:
+                raise KeyError(f"no throughput for {it.model!r} on {gpu!r}")
+            used[it.model] = tp
+            hours = it.runs * (it.updates * it.images_per_update
+                               + EVAL_COST * it.eval_images) / tp.images_per_s / 3600
+            row["gpu_hours"] += hours
+            if it.model not in row["models"].split(","):
+                row["models"] = ",".join(filter(None, [row["models"], it.model]))
+            if it.key is not None:
+                seen[it.key] = hours / it.runs
+    out = list(rows.values())
+    total = {"notebook": "TOTAL", "note": "sum of the rows",
+             "models": ",".join(sorted(used))}
+    for k in ("runs", "updates", "images", "eval_images", "gpu_hours"):
+        total[k] = sum(r[k] for r in out)
+    keyed_hours = sum(it.runs * seen[it.key] for it in items if it.key is not None)
+    total["gpu_hours_shared"] = total["gpu_hours"] - keyed_hours + sum(seen.values())
+    order = [r["notebook"] for r in sorted(out, key=lambda r: (r["gpu_hours"] > 0,
+                                                               r["gpu_hours"], r["notebook"]))]
+    return Plan(gpu, out, total, order, [used[m] for m in sorted(used)])
+
+
+# --------------------------------------------------------------------------- notebooks
+
+
+def items_from_configs(notebook: str, configs: Sequence, note: str = "") -> list[PlanItem]:
+    """One `PlanItem` per distinct `TrainConfig` (duplicates are trained once by the cache):
+    updates as `localsgd.train` computes them (floor(epochs * N / (K * B_loc))), one evaluation
+    of the test set per epoch."""
+    out = []
+    for cfg in dict.fromkeys(configs):  # ordered, de-duplicated
+        n = cfg.n_train or TRAIN_IMAGES[cfg.dataset]
+        n_test = cfg.n_test or TEST_IMAGES[cfg.dataset]
+        updates = max(math.floor(cfg.epochs * n / (cfg.world_size * cfg.local_batch)), 1)
+        out.append(PlanItem(notebook, 1, updates, cfg.world_size * cfg.local_batch, cfg.model,
+                            eval_images=math.ceil(cfg.epochs) * n_test, note=note, key=cfg))
+    return out
+
+
+def _base(p: dict, **fields):
+    from localsgd.train import TrainConfig
+
+    common = {k: p[k] for k in ("dataset", "model", "width", "n_train", "n_test") if k in p}
+    return TrainConfig(**{**common, **fields})
+
+
+def _seeds(p: dict) -> list[int]:
+    return list(range(p.get("seed", 0), p.get("seed", 0) + p.get("n_seeds", 1)))
+
+
+def _fig06(p):
+    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
+    return [dataclasses.replace(base, local_steps=h, seed=s) for h in p["Hs"] for s in _seeds(p)]
+
+
+def _fig07(p):
+    base = _base(p, local_batch=p["B_loc"], epochs=p["epochs"])
+    return [dataclasses.replace(base, world_size=k, local_steps=h, seed=s)
+            for k in p["Ks"] for h in p["Hs"] for s in _seeds(p)]
+
+
+def _fig08(p):
+    base = _base(p, world_size=p["nodes"] * p["gpus_per_node"], local_batch=p["B_loc"],
+                 epochs=p["epochs"], lr=p["lr"], scale_lr=True, base_batch=p["base_batch"],
+                 warmup_epochs=p["warmup_epochs"], image_size=p["image_size"],
+                 decay_fractions=tuple(p["decay_fractions"]))
+    methods = [{"local_steps": 1}, {"local_steps": p["H"],
+                                    "local_step_warmup_epochs": p["local_step_warmup_epochs"]}]
+    return [dataclasses.replace(base, seed=s, **m) for m in methods for s in _seeds(p)]
+
+
+def _fig09(p):
+    base = _base(p, world_size=p["K"], block_size=p["block_size"], local_steps=p["H"],
+                 local_batch=p["B_loc"], epochs=p["epochs"])
+    return [dataclasses.replace(base, block_steps=hb, seed=s) for hb in p["Hbs"]
+            for s in _seeds(p)]
+
+
+def _fig10(p):
+    return _fig06(p)
+
+
+def _table01(p):
+    from localsgd.experiments import lin2020 as ex
+
+    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
+    return ex.table01_configs(base, p["B_globs"], _seeds(p), warmup_epochs=p["warmup_epochs"])[0]
+
+
+def _table03(p):
+    from localsgd.timing.comm import ClusterShape
+
+    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
+    return [dataclasses.replace(base, local_steps=h, block_steps=hb, seed=s,
+                                block_size=ClusterShape.parse(t).gpus_per_server)
+            for t in p["topologies"] for h, hb in p["H_Hbs"] for s in _seeds(p)]
+
+
+def _table05(p):
+    from localsgd.train import TrainConfig
+
+    return [TrainConfig(dataset=d, model=m, width=w, n_train=p["n_train"], n_test=p["n_test"],
+                        world_size=p["K"], local_batch=p["B_loc"], local_steps=h,
+                        epochs=p["epochs"], seed=s, scale_lr=p["tricks"],
+                        warmup_epochs=p["warmup_epochs"] if p["tricks"] else 0.0)
+            for d in p["datasets"] for m, w in zip(p["models"], p["widths"], strict=True)
+            for h in p["Hs"] for s in _seeds(p)]
+
+
+def _table06_07(p):
+    from localsgd.experiments import lin2020 as ex
+
+    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"],
+                 scale_lr=True, base_batch=p["base_batch"], warmup_epochs=p["warmup_epochs"])
+    return [ex.momentum_config(dataclasses.replace(base, local_steps=h, seed=s), lo, gl)
+            for h, grid in ((1, p["table6_momenta"]), (8, p["table7_momenta"]))
+            for lo, gl in grid for s in _seeds(p)]
+
+
+def _slowmo(p):
+    from localsgd.experiments import slowmo as ex
+
+    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"], lr=p["lr"])
+    return ex.slowmo_configs(base, localsgd_frequency=p["localsgd_frequency"],
+                             slowmo_frequency=p["slowmo_frequency"], momenta=p["slowmo_momenta"],
+                             slow_lrs=p["slow_lrs"], sgp_momenta=p["sgp_momenta"],
+                             seeds=_seeds(p), slow_lr_momentum=p["slow_lr_momentum"],
+                             sync_reference=True)[0]
+
+
+# The TrainConfig grid of each training notebook, as the notebook's own code builds it
+# (tests/test_gpu_plan.py checks the paper-mode run counts, counted by hand from the notebooks).
+_GRIDS = {"fig06_cifar10_local_sgd": _fig06, "fig07_scaling": _fig07, "fig08_imagenet": _fig08,
+          "fig09_hierarchical": _fig09, "fig10_cifar100": _fig10,
+          "table01_large_batch": _table01, "table03_topologies": _table03,
+          "table05_models": _table05, "table06_07_momentum": _table06_07, "slowmo": _slowmo}
+
+# Notebooks that train no network in paper mode, and why they cost no GPU-hours here.
+NO_GPU = {
+    "appB_comm_cost": "communication-cost formulas (no training)",
+    "blog_hsgd_stragglers": "timing-model prediction on the CPU",
+    "explore_stragglers": "timing-model prediction on the CPU",
+    "fig04_convex_time": "convex problem on the CPU",
+    "fig05_convex_speedup": "convex problem on the CPU",
+    "table02_time_vs_H": "fit to the paper's Table 2",
+    "table04_models": "parameter / flop counts on the meta device",
+    "timing_validation": "gloo CPU processes with emulated compute",
+    "dynamo_ddp": "needs 8x8 A100 + torchbench: not planned here (the notebook stops in paper "
+                  "mode and prints what to run)",
+}
+
+
+def notebook_items(notebook: str, params: dict[str, Any]) -> list[PlanItem]:
+    """The `PlanItem`s of one notebook given its full parameters (the parameters cell's
+    defaults updated with the mode's YAML)."""
+    if notebook in NO_GPU:
+        return [PlanItem(notebook, 0, 0, 0, "", note=NO_GPU[notebook])]
+    if notebook not in _GRIDS:
+        raise KeyError(f"no GPU-plan derivation for notebook {notebook!r}; add it to "
+                       "localsgd.gpu_plan._GRIDS or NO_GPU")
+    return items_from_configs(notebook, _GRIDS[notebook](params))
+
+
+def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
+                mode: str = "paper") -> list[PlanItem]:
+    """`notebook_items` for every notebook (or ``only``) with its ``params/<nb>/<mode>.yaml``
+    merged over the notebook's parameters cell (`localsgd.reproduce`'s reading of both)."""
+    from localsgd import reproduce
+
+    notebooks_dir = Path(notebooks_dir)
+    found = reproduce.discover(notebooks_dir)
+    items = []
+    for nb_id in (only or sorted(found)):
+        params = dict(reproduce.parameters_cell_names(found[nb_id]))
+        yaml_path = notebooks_dir / "params" / nb_id / f"{mode}.yaml"
+        if yaml_path.exists():
+            import yaml
+
+            params.update(yaml.safe_load(yaml_path.read_text()) or {})
+        items += notebook_items(nb_id, params)
+    return items
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m localsgd.gpu_plan [--gpu NAME] [--mode paper] [--only NB ...]``: print the
+    plan (phase 2 wires this to ``localsgd reproduce --mode paper --plan``)."""
+    import argparse
+
+    from localsgd.results import repo_root
+
+    p = argparse.ArgumentParser(prog="python -m localsgd.gpu_plan", description=main.__doc__)
+    p.add_argument("--gpu", default=DEFAULT_GPU,
+                   choices=sorted({gpu for gpu, _ in THROUGHPUT}))
+    p.add_argument("--mode", default="paper")
+    p.add_argument("--only", nargs="+", metavar="NB")
+    p.add_argument("--notebooks", type=Path, default=repo_root() / "notebooks")
+    args = p.parse_args(argv)
+    print(plan(paper_items(args.notebooks, args.only, args.mode), args.gpu).format())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

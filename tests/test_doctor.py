@@ -1,0 +1,74 @@
+"""`localsgd doctor` on this CPU-only machine: passes, says what it skipped, and fails (exit 1)
+when an engine is made to differ from the CPU float64 reference."""
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from localsgd import doctor
+from localsgd.cli import main as cli_main
+
+
+def test_doctor_passes_on_cpu_and_reports_skips(capsys):
+    flags = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    assert cli_main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    checks = {c["name"]: c for c in report["checks"]}
+    for engine in doctor.ENGINES:
+        assert checks[f"{engine} on cpu"]["status"] == "ok", checks[f"{engine} on cpu"]
+        # the schedule exercised averaging at both levels and the outer step
+        assert "avg0" in checks[f"{engine} on cpu"]["detail"]
+        assert "avg1+outer" in checks[f"{engine} on cpu"]["detail"]
+    if not torch.cuda.is_available():
+        assert checks["cuda"]["status"] == "skipped"
+        assert checks["nccl smoke test"]["status"] == "skipped"
+    assert report["versions"]["torch"] == torch.__version__
+    assert report["numerics_of_checks"]["precision"] == "fp32"
+    assert report["numerics_of_checks"]["cudnn_allow_tf32"] is False
+    # the process's flags are restored afterwards
+    assert (torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()) == flags
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return doctor.reference_run(6)
+
+
+def _engines():
+    return importlib.import_module(doctor.ENGINE_MODULE)
+
+
+def test_engine_check_catches_a_small_drift(monkeypatch, reference):
+    module = _engines()
+    original = module.BatchedReplicaEngine.step
+
+    def drifting(self, *args, **kwargs):  # parameters 0.1 % off after every update
+        out = original(self, *args, **kwargs)
+        with torch.no_grad():
+            self.comm.flat.mul_(1 + 1e-3)
+        return out
+
+    monkeypatch.setattr(module.BatchedReplicaEngine, "step", drifting)
+    bad = doctor.engine_check("BatchedReplicaEngine", "cpu", reference=reference)
+    assert bad.status == "FAIL" and "parameters" in bad.detail
+    assert doctor.engine_check("ReplicaEngine", "cpu", reference=reference).status == "ok"
+
+
+def test_doctor_exits_nonzero_when_an_engine_skips_averaging(monkeypatch, capsys):
+    module = _engines()
+    original = module.ReplicaEngine.__init__
+
+    def no_averaging(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if kwargs.get("device", "cpu") != "cpu" or next(
+                iter(self.models[0].parameters())).dtype == torch.float32:
+            self.comm.average = lambda level: None  # the engine under test, not the reference
+
+    monkeypatch.setattr(module.ReplicaEngine, "__init__", no_averaging)
+    assert doctor.main(["--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "[   FAIL] ReplicaEngine on cpu: replicas differ right after an average" in out
+    assert "[     ok] BatchedReplicaEngine on cpu" in out
+    assert "FAILED: 1 failed" in out
