@@ -135,3 +135,24 @@ def test_make_lab_serves_on_loopback_with_the_venv_kernel():
                          check=True).stdout
     assert "jupyter lab" in out and "--ip=127.0.0.1" in out and "MPLBACKEND" in out
     assert "ipykernel install --sys-prefix --name python3" in (REPO / "Makefile").read_text()
+
+
+def test_params_takes_the_parameters_cell_and_checks_it():
+    ns = {"__name__": "__main__", "_i1": "x", "In": ["mode = 'quick'"], "Out": {},
+          "notebook": notebook, "get_ipython": print, "mode": "quick", "K": 2, "Hs": [1, 16],
+          "n_train": None}
+    P = notebook.params(ns)
+    assert P.as_dict() == {"mode": "quick", "K": 2, "Hs": [1, 16], "n_train": None}
+    assert P.K == 2 and P.as_dict(seeds=[0, 1])["seeds"] == [0, 1]
+    with pytest.raises(AttributeError, match="read-only"):
+        P.K = 3
+    # a bad value and an unknown name (a typo papermill would inject silently) both stop here
+    with pytest.raises(notebook.ParameterError, match=r"K = 0 is not allowed; expected an integer"):
+        notebook.params({**ns, "K": 0})
+    with pytest.raises(notebook.ParameterError, match=r"unknown parameter 'Hss' \(did you mean 'Hs'"):
+        notebook.params({**ns, "Hss": [1]})
+    # a notebook-specific parameter passes its own rule
+    rule = {"colour": notebook.one_of("red", "blue")}
+    assert notebook.params({**ns, "colour": "red"}, rules=rule).colour == "red"
+    with pytest.raises(notebook.ParameterError, match="colour = 'green'"):
+        notebook.params({**ns, "colour": "green"}, rules=rule)

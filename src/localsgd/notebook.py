@@ -1,6 +1,16 @@
 """Helpers for the notebooks: parameter checks that fail in one readable line.
 
-A notebook calls ``check(...)`` right after its imports with the values of its parameters cell::
+A notebook declares each parameter once, in its papermill ``parameters`` cell, and the next cell
+starts with::
+
+    from localsgd import notebook
+    P = notebook.params(globals())
+
+``params`` takes the parameters cell's values from the namespace (plain data bound to public
+names, nothing imported yet), checks every one against ``RULES`` and returns them as a read-only
+record: ``P.K`` in the code, ``P.as_dict()`` for the figure's provenance. A name without a rule
+(a typo, or a papermill ``-p`` the notebook does not know) is an error naming the closest
+parameters. ``check(...)`` checks named values directly::
 
     from localsgd.notebook import check
     check(mode=mode, Hs=Hs, epsilon=epsilon)
@@ -15,8 +25,10 @@ parameter passes its own rule with ``check(rules={"name": one_of(...)}, name=val
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -250,3 +262,50 @@ def check(rules: Mapping[str, Rule] | None = None, **values: Any) -> None:
            for name, value in values.items() if not table[name].ok(value)]
     if bad:
         raise ParameterError("; ".join(bad))
+
+
+# What a parameters cell binds: papermill injects only literals (str, numbers, bools, None, lists
+# and dicts of them). IPython's own history lists ``In``/``Out`` are data too, so named here.
+_PARAMETER_TYPES = (str, int, float, bool, type(None), list, tuple, dict)
+_IPYTHON_NAMES = frozenset({"In", "Out"})
+
+
+class Params(types.SimpleNamespace):
+    """A notebook's checked parameters: attributes by name, ``as_dict()`` for provenance."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"notebook parameters are read-only (set {name} in the parameters "
+                             "cell or pass it to papermill with -p)")
+
+    def as_dict(self, **extra: Any) -> dict[str, Any]:
+        """The parameters (plus ``extra`` derived values) as a plain dict, for provenance."""
+        return {**vars(self), **extra}
+
+
+def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None) -> Params:
+    """The parameters cell's values found in ``namespace`` (a notebook's ``globals()``), checked.
+
+    Call it first thing after the parameters cell, before other imports: every public name bound
+    to plain data is taken as a parameter, so constants imported earlier would be taken too (and
+    rejected unless they have a rule). Raises ``ParameterError`` for an unknown name (with the
+    closest known ones) or a bad value (with what is allowed).
+    """
+    table = {**RULES, **(rules or {})}
+    found = {name: value for name, value in namespace.items()
+             if not name.startswith("_") and name not in _IPYTHON_NAMES
+             and isinstance(value, _PARAMETER_TYPES)}
+    unknown = [name for name in found if name not in table]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, list(found) + list(table), n=3)
+            close = [c for c in close if c != name]
+            hints.append(f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)"
+                                        if close else ""))
+        raise ParameterError(f"unknown parameter {', '.join(hints)}: not a parameter of the "
+                             "notebooks (localsgd.notebook.RULES); check its spelling")
+    check(rules, **found)
+    record = Params()
+    for name, value in found.items():
+        object.__setattr__(record, name, value)
+    return record
