@@ -488,7 +488,7 @@ class SyncSchedule:
 class Communicator(Protocol):
     """What an engine must provide to execute a schedule.
 
-    The replica engine (``localsgd.replicas.ReplicaCommunicator``) implements it with tensor ops
+    The replica engine (``localsgd.engines.replicas.ReplicaCommunicator``) implements it with tensor ops
     on a ``[K, n]`` stack; the distributed engine with torch.distributed on a persistent flat
     buffer. All operations are in place on the tensors the model's parameters alias.
     """

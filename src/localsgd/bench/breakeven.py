@@ -104,7 +104,7 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
                         repeats: int = 8) -> pd.DataFrame:
     """Check the SlowMo page's break-even rule against steps measured here (gloo, CPU).
 
-    The page (shared/seeds/001, "Best practices"): SlowMo over local SGD pays when
+    The page (fairscale's SlowMo documentation, "Best practices"): SlowMo over local SGD pays when
     ``t_allreduce · (1 − 1/localsgd_frequency) > t_backward``, from DDP's step being bound by
     max(t_backward, t_allreduce) (overlapped) and local SGD's by t_backward + t_allreduce/f
     (not overlapped). ``specs`` are dicts ``{"model": "resnet20"|"mlp"|"embedding", "width", "batch"}``
