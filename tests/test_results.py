@@ -162,3 +162,18 @@ def test_a_code_change_recomputes_the_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "code_hash", lambda: "code-b")  # the package changed
     assert results.cached("exp", {"p": 1}, compute, cache_dir=tmp_path).run[0] == 2
     assert len(calls) == 2
+
+
+def test_figure_csv_bytes_do_not_carry_cpu_dependent_last_digits(tmp_path):
+    # Table 2's fit on two CPUs: equal to 1e-15, different in the 16th digit
+    a = pd.DataFrame({"H": [8, 16], "log_term_minutes": [9.137940844265156, 8.703144494985766]})
+    b = a.assign(log_term_minutes=[9.137940844265154, 8.703144494985764])
+    for name, df in (("a", a), ("b", b)):
+        results.save_figure("t", None, df, out_dir=tmp_path / name, params={}, mode="smoke",
+                            scale="model", compare=df.assign(artifact="x", setting="s",
+                                                             metric="m", value=df.H * 0.1))
+    for f in ("t.csv", "t.compare.csv"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    back = pd.read_csv(tmp_path / "a" / "t.csv")
+    assert back.H.dtype.kind == "i"  # integers stay integers
+    assert abs(back.log_term_minutes[0] - 9.137940844265156) < 1e-9

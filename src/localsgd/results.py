@@ -39,9 +39,15 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
-def write_csv(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+# Figures' CSVs carry 10 significant digits: far beyond what any plotted number means, and short of
+# the last bits that differ between CPUs' BLAS/LAPACK kernels (Table 2's least-squares fit moved in
+# the 16th digit between two machines), so a deterministic notebook writes the same bytes anywhere.
+FIGURE_FLOAT_FORMAT = "%.10g"
+
+
+def write_csv(df: pd.DataFrame, path: str | os.PathLike, float_format: str | None = None) -> Path:
     with atomic_path(path) as tmp:
-        df.to_csv(tmp, index=False)
+        df.to_csv(tmp, index=False, float_format=float_format)
     return Path(path)
 
 
@@ -140,7 +146,8 @@ def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | Non
 def write_records(df: pd.DataFrame, path: str | os.PathLike, **prov: Any) -> list[Path]:
     """Write tidy records as CSV plus a JSON provenance sidecar (``path`` with ``.json``)."""
     path = Path(path)
-    return [write_csv(df, path), write_json(provenance(**prov), path.with_suffix(".json"))]
+    return [write_csv(df, path, FIGURE_FLOAT_FORMAT),
+            write_json(provenance(**prov), path.with_suffix(".json"))]
 
 
 def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.PathLike | None,
@@ -184,7 +191,7 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
         if bad:
             raise ValueError(f"compare rows for {fig_id} have scale {bad}; use one of {SCALES}")
         cmp["mode"], cmp["figure"] = mode, fig_id
-        written.append(write_csv(cmp, out / f"{fig_id}.compare.csv"))
+        written.append(write_csv(cmp, out / f"{fig_id}.compare.csv", FIGURE_FLOAT_FORMAT))
     return written
 
 
