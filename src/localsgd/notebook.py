@@ -125,6 +125,8 @@ MOMENTA = list_of(Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
 # One rule per parameter name used by the notebooks. Names mean the same in every notebook.
 RULES: dict[str, Rule] = {
     "mode": one_of(*MODES),
+    "out_dir": Rule(lambda v: isinstance(v, str) and v != "", "a folder path (relative to the "
+                    "repository root, or absolute)"),
     "seed": integer(0),
     "n_seeds": integer(1),
     "K": integer(1),
@@ -309,3 +311,38 @@ def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None
     for name, value in found.items():
         object.__setattr__(record, name, value)
     return record
+
+
+class Session:
+    """What every notebook does around its own work: the clock, the scale, the seeds, and the save.
+
+    ``nb = notebook.Session(P)`` right after ``P = notebook.params(globals())``; ``nb.seeds`` are
+    ``seed, seed + 1, ... seed + n_seeds - 1`` (``[seed]`` without ``n_seeds``), ``nb.scale`` is
+    "full" in paper mode and "reduced" otherwise (``scale=`` overrides it, e.g. "model" for a
+    timing-model prediction); ``nb.save(...)`` writes the figure, the data it plots, the compare
+    rows and the provenance (every parameter plus ``extra``) with the notebook's wall time.
+    """
+
+    def __init__(self, P: Params, *, scale: str | None = None):
+        import time
+
+        self.P, self._clock = P, time.perf_counter
+        self.t0 = self._clock()
+        self.scale = scale or ("full" if P.mode == "paper" else "reduced")
+        n = getattr(P, "n_seeds", 1)
+        self.seeds = list(range(P.seed, P.seed + n)) if hasattr(P, "seed") else []
+
+    def save(self, fig_id: str, fig: Any, data: Any, compare: Any = None, **extra: Any) -> list:
+        """`localsgd.results.save_figure` with this notebook's parameters, mode, scale and time;
+        ``compare`` may be a list of `claims.claim_row` dicts or a DataFrame."""
+        import pandas as pd
+
+        from localsgd import results
+
+        if isinstance(compare, list):
+            compare = pd.DataFrame(compare) if compare else None
+        return results.save_figure(
+            fig_id, fig, data, out_dir=self.P.out_dir,
+            params=self.P.as_dict(seeds=self.seeds, **extra), mode=self.P.mode,
+            scale=self.scale, seed=getattr(self.P, "seed", None),
+            wall_seconds=self._clock() - self.t0, compare=compare)

@@ -20,8 +20,31 @@ from localsgd import data
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, run_cached
 
-__all__ = ["WORK_KEYS", "claim_verdict", "dataset_available", "pool_compute", "run_grid",
+__all__ = ["WORK_KEYS", "base_config", "claim_verdict", "final_table", "dataset_available", "pool_compute", "run_grid",
            "speedup_table", "time_to_accuracy", "with_time"]
+
+
+# notebook parameter name -> TrainConfig field, for the names the deep-learning notebooks share
+_CONFIG_NAMES = {"dataset": "dataset", "model": "model", "width": "width", "n_train": "n_train",
+                 "n_test": "n_test", "K": "world_size", "B_loc": "local_batch",
+                 "epochs": "epochs", "warmup_epochs": "warmup_epochs",
+                 "base_batch": "base_batch", "batched": "batched", "device": "device"}
+
+
+def base_config(P, **overrides) -> TrainConfig:
+    """The `TrainConfig` a deep-learning notebook's parameters describe: every shared parameter
+    it declares (``K`` -> ``world_size``, ``B_loc`` -> ``local_batch``, ``dataset``, ``model``,
+    ``width``, ...) plus ``overrides``; the grid varies the rest with `dataclasses.replace`."""
+    given = {field: getattr(P, name) for name, field in _CONFIG_NAMES.items() if hasattr(P, name)}
+    return TrainConfig(**{**given, **overrides})
+
+
+def final_table(runs: pd.DataFrame, by: Sequence[str], value: str = "test_acc"
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(each run's last record, mean/std/count of ``value`` over seeds per ``by`` group)."""
+    final = runs.groupby("run").last().reset_index()
+    table = final.groupby(list(by))[value].agg(["mean", "std", "count"]).reset_index()
+    return final, table
 
 
 def dataset_available(name: str, *, download: bool = False) -> tuple[bool, str]:

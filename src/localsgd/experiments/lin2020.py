@@ -422,3 +422,15 @@ def table04(models: Sequence[str] | None = None,
     df["flops_match"] = ((df.flops_per_image_billion / df.paper_flops_billion - 1).abs()
                          <= df.flops_rel_tol)
     return df
+
+
+# --------------------------------------------------------------------------------------- claims
+# One function per artifact turns its measured table into compare rows (`claims.claim_row`) with
+# a verdict by the one seed-spread rule (`claims.verdict`); tests/test_claims_lin2020*.py feed
+# them hand-made records.
+
+# --- claims: Tables 1, 5, 6-7 ---
+
+# --- claims: Figures 6, 7, 9 and Table 3 ---
+
+# --- claims: Table 2 and Table 4 ---
