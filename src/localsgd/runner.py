@@ -361,6 +361,7 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
 
     checkpoints = out / "checkpoints"
     use_ckpt = args.checkpoint_every > 0 or args.resume
+    graphs_before = _dynamo_graphs()
     try:
         records = train(cfg, engine=make_engine, dataset=dataset,
                         checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
@@ -383,8 +384,16 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
     summary = write_outputs(out, records, [r for tl in timelines for r in tl],
                             [lv.group_size for lv in cfg.topology().levels], meta)
     summary["train_loss"] = records.train_loss.tolist()
+    summary["compiled_graphs"] = _dynamo_graphs() - graphs_before  # 0 for an eager run
     print(format_summary(summary))
     return summary
+
+
+def _dynamo_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own counter)."""
+    from torch._dynamo.utils import counters  # deferred: loading dynamo costs ~1 s per process
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def _compare(eager: dict, compiled: dict, args: argparse.Namespace) -> int:
@@ -397,6 +406,8 @@ def _compare(eager: dict, compiled: dict, args: argparse.Namespace) -> int:
               "compiled_median_step_s": compiled["median_step_s"],
               "speedup": eager["median_step_s"] / compiled["median_step_s"],
               "train_loss_eager": a, "train_loss_compiled": b,
+              "graphs_eager": eager["compiled_graphs"],
+              "graphs_compiled": compiled["compiled_graphs"],
               "max_rel_loss_diff": rel, "loss_rtol": args.loss_rtol, "agree": ok}
     (args.out / "compare.json").write_text(json.dumps(report, indent=2))
     print(f"compiled ({args.compile}, {args.compile_backend}) vs eager: median step "
