@@ -566,3 +566,44 @@ def test_sweep_entries_are_checked_before_launch(tmp_path):
         runs([{"name": "b", "block_size": 3, "block_steps": 2}])
     with pytest.raises(ValueError, match="probability"):
         runs([{"name": "c", "straggler_rate": 2.0}])
+
+
+@pytest.mark.parametrize("device, gpus, words", [
+    ("cuda", 0, "asked for but torch sees no CUDA GPU"),
+    ("cuda", 1, "2 processes per node but only 1 visible GPU"),
+    ("cuda:0", 2, "would put every process on GPU 0"),
+])
+def test_runner_applies_the_device_rule_before_any_process_group(tmp_path, monkeypatch, capsys,
+                                                                  device, gpus, words):
+    # the runner resolves the config's device with localsgd.device's rule on every rank before
+    # joining a process group (CUDA facts mocked: this machine has no GPU)
+    from localsgd import device as device_rule
+    from localsgd.runner import main
+
+    def no_process_group(*_, **__):
+        raise AssertionError("a process group was initialised before the device was checked")
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", no_process_group)
+    monkeypatch.setattr(device_rule, "cuda_facts", lambda: (gpus > 0, gpus))
+    cfg = _config(tmp_path, device=device, world_size=2)
+    for rank in range(2):
+        for key, value in {"RANK": rank, "WORLD_SIZE": 2, "LOCAL_RANK": rank,
+                           "LOCAL_WORLD_SIZE": 2}.items():
+            monkeypatch.setenv(key, str(value))
+        assert main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert f"[rank {rank}] error:" in err and words in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_runner_places_cuda_on_the_local_rank(monkeypatch):
+    from localsgd import device as device_rule
+    from localsgd.runner import _placed
+    from localsgd.train import TrainConfig
+
+    monkeypatch.setattr(device_rule, "cuda_facts", lambda: (True, 4))
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    placement = device_rule.resolve_from_env("cuda", torchrun=True)
+    assert placement.backend == "nccl"
+    assert _placed(TrainConfig(device="cuda"), placement).device == "cuda:3"

@@ -141,7 +141,7 @@ def test_params_takes_the_parameters_cell_and_checks_it():
     ns = {"__name__": "__main__", "_i1": "x", "In": ["mode = 'quick'"], "Out": {},
           "notebook": notebook, "get_ipython": print, "mode": "quick", "K": 2, "Hs": [1, 16],
           "n_train": None}
-    P = notebook.params(ns)
+    P = notebook.params(dict(ns))  # a copy: params() marks the namespace it reads
     assert P.as_dict() == {"mode": "quick", "K": 2, "Hs": [1, 16], "n_train": None}
     assert P.K == 2 and P.as_dict(seeds=[0, 1])["seeds"] == [0, 1]
     with pytest.raises(AttributeError, match="read-only"):
@@ -156,3 +156,15 @@ def test_params_takes_the_parameters_cell_and_checks_it():
     assert notebook.params({**ns, "colour": "red"}, rules=rule).colour == "red"
     with pytest.raises(notebook.ParameterError, match="colour = 'green'"):
         notebook.params({**ns, "colour": "green"}, rules=rule)
+
+
+def test_params_again_in_the_same_kernel_takes_the_same_names():
+    # Run All twice without a restart: the notebook's own results (plain data too) are globals
+    # by then; the second call takes the first call's names, with their values re-read
+    ns = {"mode": "quick", "K": 2}
+    assert notebook.params(ns).as_dict() == {"mode": "quick", "K": 2}
+    ns.update(compare=[{"a": 1}], cases=3, K=4)  # results of the first run; K edited and re-run
+    assert notebook.params(ns).as_dict() == {"mode": "quick", "K": 4}
+    ns["K"] = 0
+    with pytest.raises(notebook.ParameterError, match="K = 0"):
+        notebook.params(ns)

@@ -270,6 +270,7 @@ def check(rules: Mapping[str, Rule] | None = None, **values: Any) -> None:
 # and dicts of them). IPython's own history lists ``In``/``Out`` are data too, so named here.
 _PARAMETER_TYPES = (str, int, float, bool, type(None), list, tuple, dict)
 _IPYTHON_NAMES = frozenset({"In", "Out"})
+_SEEN = "__localsgd_parameters__"  # where params() remembers the names for a second run
 
 
 class Params(types.SimpleNamespace):
@@ -293,9 +294,15 @@ def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None
     closest known ones) or a bad value (with what is allowed).
     """
     table = {**RULES, **(rules or {})}
-    found = {name: value for name, value in namespace.items()
-             if not name.startswith("_") and name not in _IPYTHON_NAMES
-             and isinstance(value, _PARAMETER_TYPES)}
+    seen = namespace.get(_SEEN)
+    if seen is not None:
+        # run again in the same kernel (Run All twice): the namespace now also holds the
+        # notebook's own results; the parameters are the names the first call found
+        found = {name: namespace[name] for name in seen if name in namespace}
+    else:
+        found = {name: value for name, value in namespace.items()
+                 if not name.startswith("_") and name not in _IPYTHON_NAMES
+                 and isinstance(value, _PARAMETER_TYPES)}
     unknown = [name for name in found if name not in table]
     if unknown:
         hints = []
@@ -307,6 +314,8 @@ def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None
         raise ParameterError(f"unknown parameter {', '.join(hints)}: not a parameter of the "
                              "notebooks (localsgd.notebook.RULES); check its spelling")
     check(rules, **found)
+    if isinstance(namespace, dict):
+        namespace[_SEEN] = tuple(found)
     record = Params()
     for name, value in found.items():
         object.__setattr__(record, name, value)

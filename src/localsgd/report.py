@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from localsgd.experiments.claims import OUTCOMES
 from localsgd.results import write_text
 
 REPORTED_COLUMNS = ["artifact", "setting", "metric", "value", "unit", "note"]
@@ -242,6 +243,9 @@ def short_verdict(verdict: object) -> str:
     """The verdict's outcome in a few words (``held``, ``did not hold``, ...)."""
     text = plain(verdict)
     low = text.lower()
+    for outcome in OUTCOMES:  # the one verdict rule's words (localsgd.experiments.claims)
+        if low.startswith(outcome + ":") or low == outcome:
+            return outcome
     for key, short in (("did not hold", "did not hold"), ("unexplained", "unexplained"),
                        ("outside the blog's range", "below the source's range"),
                        ("within the blog's range", "within the source's range")):

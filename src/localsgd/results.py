@@ -114,7 +114,10 @@ def device_info() -> dict[str, Any]:
     try:
         import torch  # deferred: provenance of any run, also ones that never import torch
 
+        from localsgd.numerics import numerics_state
+
         info["torch_threads"] = torch.get_num_threads()
+        info["numerics"] = numerics_state()  # TF32 / deterministic flags of the runs in here
         info["cuda"] = torch.cuda.is_available()
         if info["cuda"]:
             info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

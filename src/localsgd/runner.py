@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from localsgd import device as device_rule
 from localsgd.distributed import init_from_env
 from localsgd.engines.common import clone_tensors
 from localsgd.engines.ddp import COMPILE_MODES, DDPEngine
@@ -283,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{checkpoints} holds checkpoints of an earlier run: pass --resume "
                              "to continue it, or choose another --out")
         engine_options(args, cfg.seed)  # validates the straggler options
-    except ValueError as err:
+        placement = device_rule.resolve_from_env(cfg.device, args.backend, torchrun=True)
+    except ValueError as err:  # DeviceError included: no CUDA, too few GPUs, nccl on cpu, ...
         print(f"[rank {rank}] error: {err}", file=sys.stderr)
         return 2
-    init_from_env(args.backend)
+    init_from_env(placement=placement)
+    cfg = _placed(cfg, placement)
     try:
         if args.compare_eager:
             if args.compile is None or args.resume or args.checkpoint_every:
@@ -313,10 +316,16 @@ def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
         for name, _, _ in runs:
             if (args.out / name / "summary.json").exists():
                 raise ValueError(f"{args.out / name} holds an earlier run; choose another --out")
+        devices = sorted({cfg.device for _, _, cfg in runs})
+        if len(devices) > 1:
+            raise ValueError(f"the sweep's runs ask for devices {devices}; one launch joins one "
+                             "process group on one device: give every run the same device")
+        placement = device_rule.resolve_from_env(devices[0], args.backend, torchrun=True)
     except (ValueError, OSError) as err:
         print(f"[rank {rank}] error: {err}", file=sys.stderr)
         return 2
-    init_from_env(args.backend)
+    init_from_env(placement=placement)
+    runs = [(name, run, _placed(cfg, placement)) for name, run, cfg in runs]
     rows, datasets = [], {}
     try:
         for name, run, cfg in runs:
@@ -387,6 +396,11 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
     summary["compiled_graphs"] = _dynamo_graphs() - graphs_before  # 0 for an eager run
     print(format_summary(summary))
     return summary
+
+
+def _placed(cfg: TrainConfig, placement: device_rule.Placement) -> TrainConfig:
+    """``cfg`` on this rank's device (``cuda`` -> ``cuda:LOCAL_RANK``; `localsgd.device`)."""
+    return dataclasses.replace(cfg, device=str(placement.device))
 
 
 def _dynamo_graphs() -> int:

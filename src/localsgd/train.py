@@ -45,8 +45,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
+from localsgd import device as device_rule
 from localsgd import models as models_mod
-from localsgd import results
+from localsgd import numerics, results
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
 from localsgd.engines.ddp import DDPEngine
@@ -163,12 +164,23 @@ class TrainConfig:
     """Batch size for test-set evaluation."""
     dtype: str = "float32"
     """Parameter dtype ('float32' or 'float64'; float64 for equivalence tests)."""
+    precision: str = "fp32"
+    """Arithmetic of float32 runs (`localsgd.numerics`): 'fp32' (TF32 off: the paper's
+    arithmetic), 'tf32' (TF32 matmuls and convolutions on recent GPUs) or 'bf16' (forward and
+    loss under bfloat16 autocast; opt-in, for speed). Applied once per run and recorded."""
+    deterministic: bool = False
+    """Deterministic cuDNN / torch algorithms (slower on GPUs; CPU runs are deterministic
+    either way)."""
 
     def __post_init__(self) -> None:
         if self.momentum_scheme not in MOMENTUM_SCHEMES:
             raise ValueError(f"momentum_scheme={self.momentum_scheme!r}; valid: {MOMENTUM_SCHEMES}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}; valid: 'float32', 'float64'")
+        if self.precision not in numerics.PRECISIONS:
+            raise ValueError(f"precision={self.precision!r}; valid: {numerics.PRECISIONS}")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic={self.deterministic!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
         if not self.epochs > 0:
             raise ValueError(f"epochs={self.epochs}: must be > 0")
         for name in ("world_size", "local_batch", "local_steps", "block_steps", "base_batch",
@@ -297,16 +309,24 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=local_m, dampening=0.0,
                                nesterov=cfg.nesterov and local_m > 0)
 
+    device = run_device(cfg)
     if kind == "ddp":
         return DDPEngine(model_fn, schedule, optimizer_fn, outer=outer,
                          lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
-                         average_buffers=cfg.average_buffers, device=cfg.device,
+                         average_buffers=cfg.average_buffers, device=device,
                          num_classes=num_classes, **options)
     engine_cls = BatchedReplicaEngine if cfg.batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                       average_buffers=cfg.average_buffers, peers_per_step=cfg.peers_per_step,
-                      device=cfg.device)
+                      device=device)
+
+
+def run_device(cfg: TrainConfig) -> torch.device:
+    """The device of this process's workers by `localsgd.device`'s rule, as one process sees
+    it: 'cuda' is cuda:0 for the replica engines (the torchrun runner has already placed its
+    config on cuda:LOCAL_RANK); an absent GPU or index is a `DeviceError` naming the fix."""
+    return device_rule.resolve_from_env(cfg.device, torchrun=False).device
 
 
 STREAMED = ("imagenet", "cifar10_folder")  # data sets read from image folders while training
@@ -484,8 +504,9 @@ def train(
     gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
     """
     t_start = time.perf_counter()
+    device = run_device(cfg)  # a bad device fails here, before any data is loaded
+    numerics.apply_numerics(cfg.precision, cfg.deterministic, device)
     ds = dataset if dataset is not None else load_dataset(cfg)
-    device = torch.device(cfg.device)
     source = (_StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
               else _MemoryBatches(ds, cfg, device))
     n_train = source.n_train
@@ -563,7 +584,11 @@ def train(
                            source.batches(parts, epoch, pos, ranks, engine.generators, b)]
                 tot.data_seconds += time.perf_counter() - t0
                 stats: dict = {}
-                losses, action = engine.step(batches, nn.functional.cross_entropy, stats=stats)
+                # bf16 autocast around the whole step: it only changes the forward's matmuls and
+                # convolutions (backward follows their dtypes; SGD and averaging stay float32)
+                with numerics.autocast(cfg.precision, device):
+                    losses, action = engine.step(batches, nn.functional.cross_entropy,
+                                                 stats=stats)
                 for times, seconds in zip(tot.step_seconds, stats["compute_seconds"], strict=True):
                     times.append(seconds)
                 tot.loss_sum += sum(losses) * b
@@ -630,7 +655,8 @@ _NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers")
 # Fields added after results were cached: left out of the key at their default, so old runs hit.
 _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
                     "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
-                    "peers_per_step": 1, "image_size": 224}
+                    "peers_per_step": 1, "image_size": 224, "precision": "fp32",
+                    "deterministic": False}
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:

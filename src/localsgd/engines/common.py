@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
-__all__ = ["Batch", "clone_tensors", "count_correct", "worker_generator"]
+__all__ = ["Batch", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state", "set_cuda_rng_state",
+           "to_device", "worker_generator"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -26,6 +28,65 @@ def clone_tensors(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(clone_tensors(v) for v in obj)
     return obj
+
+
+class PhaseClock:
+    """Seconds a worker spends in the marked phases of one update (forward + backward, optimizer
+    step), read once per update.
+
+    On CPU a mark is ``time.perf_counter()``. On CUDA a mark records a CUDA event on the current
+    stream, so the time is the GPU's work, not the kernel launches, and `seconds` waits once, on
+    the last event, instead of synchronising the device at every mark. Other accelerators (MPS)
+    synchronise at each mark, then read the wall clock.
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = torch.device(device)
+        self.events = self.device.type == "cuda"
+        backend = getattr(torch, self.device.type, None) if self.device.type != "cpu" else None
+        self._sync = None if self.events else getattr(backend, "synchronize", None)
+
+    def mark(self) -> Any:
+        if self.events:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+    def seconds(self, spans: list[list[tuple[Any, Any]]]) -> list[float]:
+        """Total seconds of each worker's (start, end) mark pairs; one host wait on CUDA."""
+        if not self.events:
+            return [sum(end - start for start, end in worker) for worker in spans]
+        last = [end for worker in spans for _, end in worker]
+        if last:
+            last[-1].synchronize()
+        return [sum(start.elapsed_time(end) for start, end in worker) / 1e3 for worker in spans]
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """``obj`` (nested dicts / lists / tuples) with every tensor on ``device``: checkpoints load
+    on the CPU (``map_location="cpu"``), so state that is not copied into live tensors (the
+    outer step's anchor and momentum buffer) must be moved to the engine's device."""
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return type(obj)((k, to_device(v, device)) for k, v in obj.items())
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def cuda_rng_state(device: torch.device) -> torch.Tensor | None:
+    """The CUDA generator state of ``device`` (a CPU byte tensor), None off CUDA: a resumed GPU
+    run continues the same random stream (e.g. dropout) as an uninterrupted one."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_cuda_rng_state(state: torch.Tensor | None, device: torch.device) -> None:
+    if state is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state.cpu(), device)
 
 
 def count_correct(out: torch.Tensor, y: torch.Tensor, class_dim: int) -> torch.Tensor | None:

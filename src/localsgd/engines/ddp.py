@@ -42,7 +42,16 @@ from torch.nn.parallel import DistributedDataParallel
 # _all_reduce_mean: averaging.py's one all-reduce-to-mean (AVG op, fp16-safe); the comm hook
 # must average exactly as the averagers do. Listed in tests/test_imports.py until made public.
 from localsgd.averaging import DistributedCommunicator, _all_reduce_mean, float_buffers
-from localsgd.engines.common import Batch, clone_tensors, count_correct, worker_generator
+from localsgd.engines.common import (
+    Batch,
+    PhaseClock,
+    clone_tensors,
+    count_correct,
+    cuda_rng_state,
+    set_cuda_rng_state,
+    to_device,
+    worker_generator,
+)
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import Action, SyncDriver, SyncSchedule
 from localsgd.timing.stragglers import Stragglers
@@ -151,6 +160,7 @@ class DDPEngine:
         self.rank = dist.get_rank()
         self.schedule, self.seed, self.lr_schedule = schedule, int(seed), lr_schedule
         self.device = torch.device(device)
+        self._clock = PhaseClock(self.device)
         self.stragglers = stragglers or Stragglers()
         torch.manual_seed(self.seed)
         model = model_fn().to(self.device)
@@ -238,6 +248,8 @@ class DDPEngine:
             glevel = None
         hook = self._hook
         hook.level, hook.arrive, hook.bytes = glevel, None, 0
+        gpu = self._clock.events
+        marks = [self._clock.mark()] if gpu else []
         start = time.time()
         if not self.ddp.training:
             self.ddp.train()
@@ -253,6 +265,8 @@ class DDPEngine:
         self.driver.before_step()  # gradients were averaged by the hook during backward
         self.optimizer.step()
         opt_end = time.time()
+        if gpu:
+            marks.append(self._clock.mark())
         action = self.driver.after_step(self.current_lr())
         end = time.time()
         level = action.level if action.level is not None and self._sizes[action.level] > 1 \
@@ -262,6 +276,12 @@ class DDPEngine:
             if glevel is not None else None
         compute = ((grad_arrive if glevel is not None else backward_end) - start
                    + opt_end - backward_end + (0.0 if synced else end - opt_end))
+        if gpu:
+            # the GPU's own time for forward, backward and the optimizer step (CUDA events, one
+            # host wait per update); it includes the wait for DDP's gradient all-reduce, which
+            # blocks the compute stream at the end of backward (the host stamps above time only
+            # kernel launches on a GPU)
+            compute = self._clock.seconds([[(marks[0], marks[1])]])[0]
         self.timeline.append({
             "step": t, "rank": self.rank, "start": start, "end": end, "wall_s": end - start,
             "compute_s": compute, "stall_s": stall,
@@ -308,7 +328,8 @@ class DDPEngine:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "driver": self.driver.state_dict(), "comm": self.comm.state_dict(),
             "generators": [g.get_state() for g in self.generators],
-            "torch_rng": torch.get_rng_state(), "timeline": list(self.timeline),
+            "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng_state(self.device),
+            "timeline": list(self.timeline),
         })
 
     def load_state_dict(self, state: dict) -> None:
@@ -319,9 +340,10 @@ class DDPEngine:
                 "saved world size and each rank's own file")
         self.model.load_state_dict(state["model"])  # in place: stays a view of the flat buffer
         self.optimizer.load_state_dict(state["optimizer"])
-        self.driver.load_state_dict(state["driver"])
-        self.comm.load_state_dict(state["comm"])
+        self.driver.load_state_dict(to_device(state["driver"], self.device))
+        self.comm.load_state_dict(state["comm"])  # copied into live tensors: keeps their device
         for g, s in zip(self.generators, state["generators"], strict=True):
-            g.set_state(s)
-        torch.set_rng_state(state["torch_rng"])
+            g.set_state(s.cpu())  # generator states are CPU byte tensors on every device
+        torch.set_rng_state(state["torch_rng"].cpu())
+        set_cuda_rng_state(state.get("cuda_rng"), self.device)
         self.timeline = list(state["timeline"])

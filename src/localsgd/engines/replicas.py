@@ -26,7 +26,6 @@ copy.)
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +34,16 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from localsgd import gossip as gossip_mod
-from localsgd.engines.common import Batch, clone_tensors, count_correct, worker_generator
+from localsgd.engines.common import (
+    Batch,
+    PhaseClock,
+    clone_tensors,
+    count_correct,
+    cuda_rng_state,
+    set_cuda_rng_state,
+    to_device,
+    worker_generator,
+)
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import Action, SyncDriver, SyncSchedule, Topology
 
@@ -84,24 +92,6 @@ def _stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list
         views.append(view)
         offset += s[0].numel()
     return flat, views
-
-
-def _clock(device: torch.device) -> Callable[[], float]:
-    """perf_counter that first waits for queued kernels on an accelerator (else it times the
-    launch, not the work)."""
-    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
-    sync = getattr(backend, "synchronize", None)
-    if sync is None:
-        return time.perf_counter
-
-    def now() -> float:
-        if device.type == "cuda":
-            sync(device)
-        else:
-            sync()
-        return time.perf_counter()
-
-    return now
 
 
 class ReplicaCommunicator:
@@ -379,14 +369,16 @@ class _Engine:
             "comm": self.comm.state_dict(),
             "generators": [g.get_state() for g in self.generators],
             "torch_rng": torch.get_rng_state(),
+            "cuda_rng": cuda_rng_state(self.device),
         }
 
     def _load_common_state(self, state: dict) -> None:
-        self.driver.load_state_dict(state["driver"])
-        self.comm.load_state_dict(state["comm"])
+        self.driver.load_state_dict(to_device(state["driver"], self.device))
+        self.comm.load_state_dict(state["comm"])  # copied into live tensors: keeps their device
         for g, s in zip(self.generators, state["generators"], strict=True):
-            g.set_state(s)
-        torch.set_rng_state(state["torch_rng"])
+            g.set_state(s.cpu())  # generator states are CPU byte tensors on every device
+        torch.set_rng_state(state["torch_rng"].cpu())
+        set_cuda_rng_state(state.get("cuda_rng"), self.device)
 
 
 class ReplicaEngine(_Engine):
@@ -456,10 +448,12 @@ class ReplicaEngine(_Engine):
         self._check_batches(batches)
         self._apply_lr_schedule()
         timed = stats is not None
-        now = _clock(self.device) if timed else time.perf_counter
-        losses, correct, seconds = [], [], []
-        for model, opt, (x, y) in zip(self.models, self.optimizers, batches, strict=True):
-            t0 = now() if timed else 0.0
+        clock = PhaseClock(self.device) if timed else None
+        losses, correct = [], []
+        spans: list[list] = [[] for _ in self.models]
+        for r, (model, opt, (x, y)) in enumerate(
+                zip(self.models, self.optimizers, batches, strict=True)):
+            t0 = clock.mark() if timed else None
             if not model.training:  # Module.train() walks every module: ~1 us each, per step
                 model.train()
             opt.zero_grad(set_to_none=True)
@@ -467,19 +461,20 @@ class ReplicaEngine(_Engine):
             loss = loss_fn(out, y)
             loss.backward()
             if timed:
-                seconds.append(now() - t0)
+                spans[r].append((t0, clock.mark()))
                 correct.append(count_correct(out, y, 1))
             losses.append(loss.detach())
         self.driver.before_step()
         for r, opt in enumerate(self.optimizers):
-            t0 = now() if timed else 0.0
+            t0 = clock.mark() if timed else None
             opt.step()
             if timed:
-                seconds[r] += now() - t0
+                spans[r].append((t0, clock.mark()))
         action = self.driver.after_step(self.current_lr())
         if timed:
-            stats["correct"] = [None if c is None else int(c) for c in correct]
-            stats["compute_seconds"] = seconds
+            stats["correct"] = ([None] * len(correct) if correct[0] is None
+                                else torch.stack(correct).tolist())  # one read for all K
+            stats["compute_seconds"] = clock.seconds(spans)
         return torch.stack(losses).tolist(), action  # one device sync for all K losses
 
     def averaged_model(self) -> nn.Module:
@@ -633,24 +628,27 @@ class BatchedReplicaEngine(_Engine):
         x, y = self._stack_batches(batches)
         self._apply_lr_schedule()
         timed = stats is not None
-        now = _clock(self.device) if timed else time.perf_counter
-        t0 = now() if timed else 0.0
+        clock = PhaseClock(self.device) if timed else None
+        spans: list = []
+        t0 = clock.mark() if timed else None
         if not self._template.training:
             self._template.train()
         self.optimizer.zero_grad(set_to_none=True)
         losses, out = self._forward(x, y, loss_fn)
         losses.sum().backward()
-        seconds = now() - t0 if timed else 0.0
+        if timed:
+            spans.append((t0, clock.mark()))
         self.driver.before_step()
-        t0 = now() if timed else 0.0
+        t0 = clock.mark() if timed else None
         self.optimizer.step()
         if timed:
-            seconds += now() - t0
+            spans.append((t0, clock.mark()))
         action = self.driver.after_step(self.current_lr())
         if timed:
             correct = count_correct(out, y, 2)
             stats["correct"] = ([None] * self.world_size if correct is None
                                 else correct.tolist())
+            seconds = clock.seconds([spans])[0]
             stats["compute_seconds"] = [seconds / self.world_size] * self.world_size
         return losses.detach().tolist(), action
 

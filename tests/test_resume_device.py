@@ -1,0 +1,155 @@
+"""Resume on any device (issue: GPU paper mode): after a load, every piece of state sits on the
+engine's device, and a resumed run with outer momentum still ends bitwise equal on CPU.
+
+This machine has no GPU, so "another device" is torch's ``meta`` device: the engine is told it
+lives there and the checkpoint is loaded as `load_checkpoint` loads it (``map_location="cpu"``);
+state copied into live tensors (model, optimizer) keeps the live tensors' device, and state kept
+as loaded (the outer step's anchor and momentum buffer) must follow the engine's device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+import torch
+
+from localsgd import data, numerics
+from localsgd.checkpoint import load_checkpoint
+from localsgd.engines.common import set_cuda_rng_state, to_device
+from localsgd.train import TrainConfig, build_engine, train
+
+TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
+# block (global) momentum: the outer step keeps an anchor and a momentum buffer between averages
+HYBRID = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=2,
+                     local_batch=16, local_steps=2, epochs=2.0, lr=0.2, n_test=64,
+                     momentum_scheme="hybrid", global_momentum=0.5)
+
+
+@pytest.fixture(scope="module")
+def synth():
+    return data.synthetic_image_dataset(256, 64, num_classes=4, image_size=16, seed=0)
+
+
+def _interrupted(cfg, synth, ckpt, at):
+    def stop(t):
+        if t == at:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, dataset=synth, progress=False, checkpoint_path=ckpt, on_step=stop)
+    return load_checkpoint(ckpt, cfg)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_loaded_outer_state_follows_the_engine_device(synth, tmp_path, batched):
+    cfg = dataclasses.replace(HYBRID, batched=batched)
+    state = _interrupted(cfg, synth, tmp_path / "run.pt", at=5)  # mid-way between averages
+    outer = state["engine"]["driver"]["outer"]
+    assert outer["anchor"] is not None and outer["anchor"].device.type == "cpu"
+    engine = build_engine(cfg, 256, 4)
+    engine.device = torch.device("meta")  # stands in for cuda:N (no GPU here)
+    engine.load_state_dict(state["engine"])
+    loaded = engine.driver.outer
+    assert loaded.anchor.device.type == "meta"
+    assert loaded.buf is None or loaded.buf.device.type == "meta"
+    # RNG states stay CPU byte tensors (torch requires them so for every generator)
+    assert all(g.device.type == "cpu" for g in engine.generators)
+
+
+def test_resumed_run_with_outer_momentum_is_bitwise_equal(synth, tmp_path):
+    ref = train(HYBRID, dataset=synth, progress=False)
+    ckpt = tmp_path / "run.pt"
+    _interrupted(HYBRID, synth, ckpt, at=5)
+    resumed = train(HYBRID, dataset=synth, progress=False, checkpoint_path=ckpt)
+    cols = [c for c in ref.columns if c not in TIMED]
+    assert ref.outer_steps.iloc[-1] >= 2  # the outer step acted before and after the resume
+    pd.testing.assert_frame_equal(ref[cols], resumed[cols], check_exact=True)
+
+
+def test_to_device_moves_nested_tensors_and_keeps_the_rest():
+    state = {"t": 3, "outer": {"anchor": torch.ones(2), "buf": None, "lr": 1.0},
+             "list": [torch.zeros(1), "x"]}
+    moved = to_device(state, torch.device("meta"))
+    assert moved["outer"]["anchor"].device.type == "meta" and moved["outer"]["buf"] is None
+    assert moved["list"][0].device.type == "meta" and moved["list"][1] == "x" and moved["t"] == 3
+    set_cuda_rng_state(torch.zeros(4, dtype=torch.uint8), torch.device("cpu"))  # no-op off CUDA
+
+
+# -- numerics policy: TrainConfig.precision / deterministic, applied by train() and recorded
+
+
+def test_precision_is_validated_and_applied_by_train(synth):
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        dataclasses.replace(HYBRID, precision="fp16")
+    with numerics.numerics_scope("tf32"):  # train() must switch TF32 back off for fp32
+        rec = train(dataclasses.replace(HYBRID, epochs=1.0), dataset=synth, progress=False)
+        assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.backends.cudnn.allow_tf32 is False
+    assert set(rec.precision) == {"fp32"} and set(rec.deterministic) == {False}
+
+
+def test_bf16_autocast_changes_the_arithmetic_and_still_trains(synth):
+    cfg = dataclasses.replace(HYBRID, epochs=1.0)
+    fp32 = train(cfg, dataset=synth, progress=False)
+    with numerics.numerics_scope():
+        bf16 = train(dataclasses.replace(cfg, precision="bf16"), dataset=synth, progress=False)
+    a, b = fp32.train_loss.iloc[-1], bf16.train_loss.iloc[-1]
+    assert a != b and abs(a - b) / a < 0.2  # bfloat16 rounding, not a different computation
+
+
+def test_numerics_flags_in_figure_provenance():
+    from localsgd import results
+
+    info = results.device_info()
+    assert "float32_matmul_precision" in info["numerics"]
+
+
+# -- honest timing: the engines' compute seconds come from one PhaseClock per update
+
+
+def test_phase_clock_on_cpu_sums_wall_time_per_worker():
+    import time
+
+    from localsgd.engines.common import PhaseClock
+
+    clock = PhaseClock(torch.device("cpu"))
+    assert not clock.events
+    spans = [[], []]
+    for worker, pause in enumerate((0.02, 0.06)):
+        t0 = clock.mark()
+        time.sleep(pause)
+        spans[worker].append((t0, clock.mark()))
+    a, b = clock.seconds(spans)
+    assert 0.02 <= a < b and b >= 0.06
+
+
+def test_phase_clock_on_cuda_records_events_and_waits_once(monkeypatch):
+    # CUDA mocked: marks are events recorded on the stream, read with one synchronize
+    from localsgd.engines import common
+
+    made, waits = [], []
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.at = len(made)
+            made.append(self)
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            waits.append(self)
+
+        def elapsed_time(self, end):  # milliseconds, as CUDA reports
+            return 10.0 * (end.at - self.at)
+
+    monkeypatch.setattr(common.torch.cuda, "Event", FakeEvent)
+    clock = common.PhaseClock(torch.device("cuda", 0))
+    assert clock.events
+    spans = [[(clock.mark(), clock.mark())], [(clock.mark(), clock.mark()),
+                                              (clock.mark(), clock.mark())]]
+    assert clock.seconds(spans) == pytest.approx([0.01, 0.02])
+    assert len(waits) == 1 and waits[0] is made[-1]
