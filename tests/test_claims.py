@@ -71,3 +71,13 @@ def test_claim_row_columns_and_no_nan():
         c.claim_row("A", "s", "m", 1.0, claim="x", verdict="probably fine")
     with pytest.raises(ValueError, match="contains nan"):
         c.claim_row("A", "s", "m", 1.0, claim="x", verdict="held: nan ± 0.1")
+
+
+def test_a_deterministic_value_within_its_resolution_is_inconclusive():
+    from localsgd.experiments.claims import INCONCLUSIVE, NOT_HELD, verdict
+
+    assert verdict(1.99, 2.0, deterministic=True).outcome == NOT_HELD
+    near = verdict(1.99, 2.0, deterministic=True, resolution=0.2, unit="x")
+    assert near.outcome == INCONCLUSIVE and "resolution" in near.reason
+    assert verdict(1.7, 2.0, deterministic=True, resolution=0.2).outcome == NOT_HELD
+    assert verdict(2.3, 2.0, deterministic=True, resolution=0.2).outcome == "held"

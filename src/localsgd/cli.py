@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from localsgd import speed
 from localsgd.notebook import MODES
 from localsgd.report import write_report
 from localsgd.results import repo_root
@@ -43,6 +44,11 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
                    help="where executed notebooks go (default build/notebooks/)")
     r.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
     r.add_argument("--no-report", action="store_true", help="do not rewrite REPORT.md")
+    r.add_argument("--plan", action="store_true",
+                   help="print each notebook's runs, updates, images and estimated GPU-hours "
+                   "for --mode (paper by default when given) and exit: nothing runs")
+    r.add_argument("--gpu", default=None,
+                   help="with --plan: the GPU whose (estimated) throughput prices the plan")
 
     rep = sub.add_parser("report", help="write figures/REPORT.md (paper vs reproduced)")
     rep.add_argument("--papers", type=Path, default=root / "papers")
@@ -197,11 +203,33 @@ def _reproduce(args: argparse.Namespace) -> int:
             modes = [m for m in h.MODES if (path.parent / "params" / nb_id / f"{m}.yaml").exists()]
             print(f"{nb_id:32s} {' '.join(modes)}")
         return 0
+    if args.plan:
+        from localsgd import gpu_plan
+
+        gpu = args.gpu or gpu_plan.DEFAULT_GPU
+        known = sorted({name for name, _ in gpu_plan.THROUGHPUT})
+        if gpu not in known:
+            raise ValueError(f"--gpu {gpu!r}: no throughput for it; known: {', '.join(known)}")
+        mode = "paper" if args.mode == "quick" and "--mode" not in sys.argv else args.mode
+        h.plan(args.notebooks, mode, args.only)  # unknown ids / modes: the harness's errors
+        print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, args.only, mode), gpu).format())
+        return 0
     specs = h.plan(args.notebooks, args.mode, args.only)
     out_dir = args.out_dir.resolve()
+    reference = args.notebooks.resolve().parent / "figures" / speed.SPEED_FILE
+    probe_s = None
+    if args.mode == "quick":  # smoke runs take seconds: no estimate
+        probe_s = speed.probe()
+        est = speed.estimate(reference, [s.id for s in specs], probe_s)
+        print(est.format() if est else f"no {reference}: no time estimate", flush=True)
     results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
                     cwd=args.notebooks.resolve().parent, kernel=args.kernel)
     print(h.summary_table(results))
+    every = {s.id for s in specs} == set(h.discover(args.notebooks))
+    if (probe_s is not None and every and out_dir == reference.parent.resolve()
+            and all(r.status == "ok" for r in results)):
+        # the committed figures' machine: the reference the next estimate scales from
+        speed.write_reference(reference, probe_s, {r.id: round(r.seconds, 1) for r in results})
     papers = args.notebooks.resolve().parent / "papers"
     if not args.no_report and papers.is_dir():
         print(f"report: {write_report(papers, out_dir)}")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_GPU", "THROUGHPUT", "Plan", "PlanItem", "Throughput", "items_from_configs",
-           "notebook_items", "paper_items", "plan", "throughput"]
+           "notebook_items", "paper_items", "plan", "readme_block", "throughput"]
 
 TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "imagenet": 1_281_167}
 TEST_IMAGES = {"cifar10": 10_000, "cifar100": 10_000, "imagenet": 50_000}
@@ -359,6 +359,22 @@ def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
             params.update(yaml.safe_load(yaml_path.read_text()) or {})
         items += notebook_items(nb_id, params)
     return items
+
+
+README_BEGIN, README_END = "<!-- plan:begin -->", "<!-- plan:end -->"
+
+
+def readme_block(notebooks_dir: str | Path, gpu: str = DEFAULT_GPU) -> str:
+    """What the README's GPU section shows between its plan markers: the command and the plan
+    of every notebook's paper mode (tests/test_readme.py checks it is current)."""
+    full = plan(paper_items(notebooks_dir), gpu).format().splitlines()
+    # the notebooks that train (the others cost nothing), the total; the throughput sources and
+    # the recommended order are in the command's own output
+    rows = [line for line in full[2:] if not line.startswith(("order", "  "))
+            and not line.split()[1:3] == ["0", "0"]]
+    text = "\n".join(full[:2] + rows)
+    return (f"{README_BEGIN}\n```text\n$ localsgd reproduce --mode paper --plan   # (rows that "
+            f"train)\n{text}\n```\n{README_END}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ parameters and a typo would silently run the default configuration.
 from __future__ import annotations
 
 import ast
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +141,16 @@ def _snapshot(folder: Path) -> dict[Path, float]:
         if folder.exists() else {}
 
 
+def cell_timeout() -> float | None:
+    """Seconds one notebook cell may run (``LOCALSGD_CELL_TIMEOUT``; unset: no limit). The tests
+    set it so that a kernel that stops answering fails a test instead of hanging the suite."""
+    value = os.environ.get("LOCALSGD_CELL_TIMEOUT", "")
+    try:
+        return float(value) if value else None
+    except ValueError:
+        raise HarnessError(f"LOCALSGD_CELL_TIMEOUT={value!r} is not a number of seconds") from None
+
+
 def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Path,
                  cwd: Path, kernel: str = "python3") -> RunResult:
     """Execute one notebook with papermill; a failure is recorded, never raised."""
@@ -153,7 +164,8 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     status, error = "ok", ""
     try:
         pm.execute_notebook(str(spec.path), str(executed), parameters=params, kernel_name=kernel,
-                            cwd=str(cwd), progress_bar=False, log_output=False)
+                            cwd=str(cwd), progress_bar=False, log_output=False,
+                            execution_timeout=cell_timeout())
     except pm.PapermillExecutionError as exc:
         status = "failed"
         # papermill's cell_index counts the injected-parameters cell; report the executed copy's

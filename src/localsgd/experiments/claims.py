@@ -13,7 +13,9 @@ notebook computes the quantity (a paired difference where the claim compares two
   difference is within the seed spread and the verdict is inconclusive.
 * Quantities that do not depend on a seed (arithmetic, a deterministic simulator or model, a
   measurement repeated until its median is stable) pass ``deterministic=True`` and are decided
-  by the mean alone.
+  by the mean alone -- unless they are known only to a ``resolution`` (e.g. a stopping time
+  checked every 5 % of the steps): a value within ``resolution`` of the threshold is
+  inconclusive, as a seed spread straddling it would be.
 * ``data unavailable`` when the data set is not on this machine (never replaced by another);
   ``not measurable`` when no value is finite (e.g. no run reached the target accuracy).
 
@@ -59,7 +61,7 @@ def _fmt(x: float, unit: str) -> str:
 
 def verdict(values: Sequence[float] | float, threshold: float, *, higher_is_better: bool = True,
             deterministic: bool = False, unit: str = "", data_available: bool = True,
-            what: str = "value") -> Verdict:
+            what: str = "value", resolution: float = 0.0) -> Verdict:
     """Decide the claim "``what`` >= ``threshold``" (or <= with ``higher_is_better=False``) from
     per-seed ``values`` by the seed-spread rule of the module docstring."""
     if not data_available:
@@ -79,6 +81,10 @@ def verdict(values: Sequence[float] | float, threshold: float, *, higher_is_bett
         else f"{_fmt(mean, unit)} (1 seed)"
     claim = f"{what} {rel} {threshold:g}{unit}"
     if deterministic:
+        if abs(mean - threshold) < resolution:
+            return Verdict(INCONCLUSIVE, mean, sd, len(arr),
+                           f"{what} {_fmt(mean, unit)}, claim {claim}: the threshold lies within "
+                           f"the measurement's resolution (±{resolution:.2g}{unit})")
         return Verdict(HELD if ok else NOT_HELD, mean, sd, len(arr),
                        f"{what} {_fmt(mean, unit)}; claim {claim}")
     if len(arr) < 2:

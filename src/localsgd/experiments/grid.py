@@ -1,5 +1,5 @@
 """Shared helpers of the deep-learning experiments: grids of `TrainConfig` runs, time axes,
-time-to-accuracy, speed-ups and claim verdicts (one module per source builds on these:
+time-to-accuracy and speed-ups (verdicts: `localsgd.experiments.claims`) (one module per source builds on these:
 `localsgd.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
 
 Notebooks stay thin: they pick parameters, call these functions and plot. Runs go through the
@@ -20,8 +20,17 @@ from localsgd import data
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, run_cached
 
-__all__ = ["WORK_KEYS", "base_config", "claim_verdict", "final_table", "dataset_available", "pool_compute", "run_grid",
-           "speedup_table", "time_to_accuracy", "with_time"]
+__all__ = [
+    "WORK_KEYS",
+    "base_config",
+    "dataset_available",
+    "final_table",
+    "pool_compute",
+    "run_grid",
+    "speedup_table",
+    "time_to_accuracy",
+    "with_time",
+]
 
 
 # notebook parameter name -> TrainConfig field, for the names the deep-learning notebooks share
@@ -165,17 +174,3 @@ def speedup_table(records: pd.DataFrame, *, time_col: str = "time_s", acc_col: s
             rows.append({"seed": seed, by: key, "target_acc": tgt, "time_to_target": t,
                          "speedup": times[baseline] / t if t > 0 else math.nan})
     return pd.DataFrame(rows)
-
-
-def claim_verdict(values: Sequence[float], threshold: float, *, higher_is_better: bool = True,
-                  unit: str = "") -> tuple[str, float, float]:
-    """("held" / "did not hold" + mean ± std over seeds, mean, std) for a claim "value ≥ thr"."""
-    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    if not len(arr):
-        return "not measurable (no run reached the target)", math.nan, math.nan
-    mean = float(arr.mean())
-    std = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
-    ok = mean >= threshold if higher_is_better else mean <= threshold
-    spread = f"{mean:.2f}{unit} ± {std:.2f} over {len(arr)} seed(s)" if len(arr) > 1 else \
-        f"{mean:.2f}{unit} (1 seed, no spread)"
-    return ("held" if ok else "did not hold") + f": {spread}", mean, std

@@ -1,17 +1,28 @@
-"""SlowMo (fairscale's SlowMoDistributedDataParallel page, shared/seeds/001): the quality grid
-over local SGD and SGP and its summary; the page's break-even rule is measured by
-`localsgd.bench.breakeven`."""
+"""SlowMo (fairscale's SlowMoDistributedDataParallel documentation page): the quality grid over
+local SGD and SGP, its summary and the page's three claims as compare rows (`slowmo_claims`); the
+page's break-even rule is measured by `localsgd.bench.breakeven`."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import pandas as pd
 
+from localsgd.experiments import claims
 from localsgd.train import TrainConfig
 
-__all__ = ["slowmo_configs", "slowmo_summary"]
+__all__ = ["breakeven_table", "final_records", "slowmo_claims", "slowmo_configs",
+           "slowmo_summary", "variant_order"]
+
+SYNC_VARIANT = "H = 1 (average every update)"
+LOCAL_ALONE = "local SGD alone"
+# the break-even table's columns the notebook shows
+BREAKEVEN_COLUMNS = ["spec", "param_bytes", "fwd_s", "bwd_s", "allreduce_s", "rule_lhs_s",
+                     "ddp_rule_model_s", "ddp_step_s", "local_rule_model_s", "local_step_s",
+                     "speedup_local", "rule_predicts_pays", "local_pays", "rule_right"]
+SGP_ALONE = "SGP alone"
 
 
 def slowmo_configs(base: TrainConfig, *, localsgd_frequency: int, slowmo_frequency: int,
@@ -77,3 +88,166 @@ def slowmo_summary(records: pd.DataFrame) -> pd.DataFrame:
         seeds=("seed", "nunique"), outer_steps=("outer_steps", "max"),
         syncs=("sync_l0", "max"), gossip_rounds=("gossip_rounds", "max")).reset_index()
     return out
+
+
+def final_records(records: pd.DataFrame) -> pd.DataFrame:
+    """Each run's last record (one row per grid point and seed)."""
+    return records.sort_values("step").groupby("run").tail(1)
+
+
+def variant_order(summary: pd.DataFrame) -> list[str]:
+    """Variants in plotting order: H = 1, local SGD, SGP; alone before SlowMo; by α, β."""
+    rank = {"H = 1": 0, "local SGD": 1, "SGP": 2}
+    return list(summary.assign(_r=summary.base.map(rank), _s=summary.slowmo.astype(int))
+                .sort_values(["_r", "_s", "slowmo_lr", "slowmo_momentum"]).variant)
+
+
+def breakeven_table(be: pd.DataFrame) -> pd.DataFrame:
+    """`localsgd.bench.breakeven.breakeven_benchmark`'s rows with a ``spec`` label and
+    ``overlap_saved_s`` (fwd + bwd + all-reduce minus the measured DDP step: what DDP's overlap
+    of the gradient all-reduce with backward saved)."""
+    if not len(be):
+        return be
+    return be.assign(spec=[f"{r.model} w{r.width:g} B{r.batch}" for r in be.itertuples()],
+                     overlap_saved_s=be.fwd_s + be.bwd_s + be.allreduce_s - be.ddp_step_s)
+
+
+def _paired(final: pd.DataFrame, a: str, b: str) -> list[float]:
+    """Per-seed test-accuracy differences ``a`` minus ``b`` (same seed: same data order and
+    initialisation), over the seeds both variants ran."""
+    acc = final.pivot_table(index="seed", columns="variant", values="test_acc")
+    if a not in acc or b not in acc:
+        return []
+    return list((acc[a] - acc[b]).dropna())
+
+
+def _best(final: pd.DataFrame, mask: pd.Series) -> str | None:
+    """The variant with the highest mean test accuracy among ``mask`` (None if none ran)."""
+    means = final[mask].groupby("variant").test_acc.mean().dropna()
+    return None if means.empty else str(means.idxmax())
+
+
+def _parts(outcome_parts: list[tuple[str, claims.Verdict]], extra: str = "") -> str:
+    """A multi-part claim's verdict: the combined outcome, then each part's own verdict."""
+    text = "; ".join(f"{name}: {v}" for name, v in outcome_parts)
+    return f"{claims.combine([v for _, v in outcome_parts])}: {text}{extra}"
+
+
+def quality_verdict(final: pd.DataFrame) -> str:
+    """Overview: "the base algorithms alone reduce model quality; SlowMo alleviates it". Per
+    base algorithm that ran alone, two parts, each a per-seed paired test-accuracy difference
+    against the threshold 0: H = 1 minus the base alone (> 0: the base loses quality) and the
+    best SlowMo variant over that base minus the base alone (> 0: SlowMo restores some; best by
+    mean over seeds, selection not corrected)."""
+    parts: list[tuple[str, claims.Verdict]] = []
+    for base, alone in (("local SGD", LOCAL_ALONE), ("SGP", SGP_ALONE)):
+        if alone not in set(final.variant):
+            continue
+        if SYNC_VARIANT in set(final.variant):
+            parts.append((f"{alone} loses quality", claims.verdict(
+                _paired(final, SYNC_VARIANT, alone), 0.0, unit=" points",
+                what=f"H = 1 minus {alone}")))
+        mask = (final.base == base) & final.slowmo
+        best = _best(final, mask)
+        if best is None:
+            continue
+        n = final[mask].variant.nunique()
+        parts.append((f"SlowMo restores {base} (best of {n}: {best})", claims.verdict(
+            _paired(final, best, alone), 0.0, unit=" points", what=f"best SlowMo minus {alone}")))
+    if not parts:
+        return str(claims.verdict([], 0.0, what="paired test-accuracy difference"))
+    return _parts(parts, " (test top-1, paired by seed; the best SlowMo setting is selected, "
+                         "not corrected for the selection)")
+
+
+def grid_verdict(final: pd.DataFrame, K: int) -> tuple[float, str]:
+    """Best practices: (best β on the local-SGD grid at α = 1 by mean test accuracy, verdict).
+    The claim "{0.0, 0.1, 0.2, 0.4, 0.6} is enough (larger β with more nodes)" needs values
+    outside the grid and a sweep over the number of nodes; one K cannot decide it, so the
+    outcome is inconclusive at this scale, with the per-seed best β as evidence."""
+    grid = final[(final.base == "local SGD") & (final.slowmo_lr == 1.0)]
+    if not len(grid):
+        return math.nan, str(claims.verdict([], 0.0, what="test accuracy on the β grid"))
+    mean = grid.groupby("slowmo_momentum").test_acc.mean().dropna()
+    if mean.empty:
+        return math.nan, str(claims.verdict([], 0.0, what="test accuracy on the β grid"))
+    best_beta = float(mean.idxmax())
+    per_seed = grid.dropna(subset=["test_acc"])
+    per_seed = per_seed.loc[per_seed.groupby("seed").test_acc.idxmax()].slowmo_momentum
+    reason = (f"best β on the grid at K = {K}: {best_beta:g} (mean test top-1 by β: "
+              + ", ".join(f"{b:g}: {a:.1f}" for b, a in mean.items())
+              + f"; best β per seed: {', '.join(f'{b:g}' for b in per_seed)}); the page's "
+              "'larger β with more nodes' needs a sweep over K (not run)")
+    v = claims.Verdict(claims.INCONCLUSIVE, best_beta, math.nan, int(grid.seed.nunique()), reason)
+    return best_beta, str(v)
+
+
+def breakeven_verdict(be: pd.DataFrame, procs: int) -> str:
+    """Best practices: "SlowMo pays when t_allreduce (1 - 1/f) > t_backward". Per timed model
+    the rule predicts pays / does not pay; the claim for it is measured DDP step / local-SGD step
+    >= 1 (resp. <= 1). Each step time is the median over the benchmark's repeats, a measurement
+    taken as stable (``deterministic=True``; the benchmark keeps no per-repeat times)."""
+    if not len(be):
+        return str(claims.Verdict(claims.NOT_MEASURABLE, math.nan, math.nan, 0,
+                                  "not measured in this mode (breakeven = False)"))
+    parts = [(f"{r.spec} (rule: {'pays' if r.rule_predicts_pays else 'does not pay'})",
+              claims.verdict(r.speedup_local, 1.0, higher_is_better=bool(r.rule_predicts_pays),
+                             deterministic=True, unit="x", what="DDP step / local-SGD step"))
+             for r in be.itertuples()]
+    extra = (f"; rule right in {int(be.rule_right.sum())} of {len(be)} settings; {procs} gloo "
+             "processes on a shared CPU: the measured DDP step is "
+             + ", ".join(f"{r.ddp_step_s / r.ddp_rule_model_s:.1f}x" for r in be.itertuples())
+             + " the rule's fwd + max(bwd, all-reduce), i.e. DDP's overlap saved "
+             + ", ".join(f"{s * 1e3:.0f} ms" for s in be.overlap_saved_s))
+    return _parts(parts, extra)
+
+
+def slowmo_claims(records: pd.DataFrame, be: pd.DataFrame, *, mode: str, K: int,
+                  slowmo_frequency: int, breakeven_procs: int) -> list[dict]:
+    """The page's claims as compare rows (keys of ``papers/fairscale_slowmo/reported.csv``):
+    "Overview" (base algorithms lose quality, SlowMo restores it: `quality_verdict`), "Best
+    practices" β grid (`grid_verdict`) and the break-even rule (`breakeven_verdict`).
+    ``records``: the grid's training records (per seed, `slowmo_configs` labels); ``be``:
+    `breakeven_table` (empty when not timed)."""
+    final = final_records(records)
+    best_beta, grid_text = grid_verdict(final, K)
+    return [
+        claims.claim_row(
+            "Overview", "slow momentum step", "slowmo_frequency (typical)", slowmo_frequency,
+            unit="iterations",
+            claim="local SGD / SGP alone lose model quality; a slow momentum step restores it",
+            verdict=quality_verdict(final), note=f"{mode}: ours uses slowmo_frequency "
+            f"{slowmo_frequency}"),
+        claims.claim_row(
+            "Best practices", "slowmo_momentum grid; i=1", "slowmo_momentum", best_beta,
+            claim="a grid search over {0.0, 0.1, 0.2, 0.4, 0.6} is enough", verdict=grid_text,
+            note=f"{mode}: value = the best beta on our grid"),
+        claims.claim_row(
+            "Best practices", "when SlowMo pays", "all-reduce time coefficient", None,
+            claim="SlowMo pays when t_allreduce (1 - 1/localsgd_frequency) > t_backward",
+            verdict=breakeven_verdict(be, breakeven_procs),
+            note=f"{mode}: CPU gloo timings, not a GPU cluster"),
+    ]
+
+
+def figure_data(records: pd.DataFrame, be: pd.DataFrame) -> pd.DataFrame:
+    """The figure's data file: training records (``kind`` "train") and break-even rows."""
+    data = records.assign(kind="train")
+    return pd.concat([data, be.assign(kind="breakeven")], ignore_index=True) if len(be) else data
+
+
+def plot_breakeven(ax, be: pd.DataFrame, *, procs: int, frequency: int) -> None:
+    """The break-even panel: the rule's ratio (> 1: SlowMo pays) against the measured one."""
+    from matplotlib.ticker import NullFormatter
+
+    x = be.rule_lhs_s / be.bwd_s
+    ax.scatter(x, be.speedup_local, s=60)
+    for xi, yi, name in zip(x, be.speedup_local, be.spec, strict=True):
+        ax.annotate(name, (xi, yi), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    ax.axvline(1, color="grey", ls=":")
+    ax.axhline(1, color="grey", ls=":")
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # log axis: label decades only
+    ax.set(xlabel="rule: t_allreduce·(1 − 1/f) / t_backward  (> 1: SlowMo pays)",
+           ylabel="measured DDP step / local-SGD step  (> 1: pays)",
+           title=f"break-even rule, {procs} gloo processes, f = {frequency}")

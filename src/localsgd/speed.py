@@ -1,0 +1,102 @@
+"""How long `localsgd reproduce` will take here: a fixed small workload timed in a few seconds,
+and the committed per-notebook times scaled by it.
+
+The machine that writes the committed ``figures/`` also writes ``figures/machine_speed.json``:
+its probe time, its CPU, and the harness's seconds per notebook (a fresh clone: empty results
+cache). Before a long run, `estimate` times the same probe here and scales those seconds by the
+ratio of the two probe times. The probe is what the notebooks mostly do -- ResNet-20 forward,
+backward and SGD steps on the CPU -- so CPUs that differ in vector units (AVX2 vs AVX-512) or
+clock move it as they move the notebooks; it cannot see a warm results cache (then the run is
+faster than estimated) or another process sharing the cores (slower).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEED_FILE = "machine_speed.json"
+PROBE_REPEATS = 5
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def probe(repeats: int = PROBE_REPEATS) -> float:
+    """Median seconds of a fixed workload: 4 SGD steps of a width-0.5 ResNet-20 on 64 random
+    32-px images (float32, this process's torch threads), after one untimed warm-up step."""
+    import torch  # deferred: the estimate is printed before anything else imports torch
+
+    from localsgd.models import build_model
+
+    gen = torch.Generator().manual_seed(0)
+    model = build_model("resnet20", num_classes=10, width=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(64, 3, 32, 32, generator=gen)
+    y = torch.randint(0, 10, (64,), generator=gen)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    steps(1)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        steps(4)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float  # expected harness seconds of the planned notebooks here
+    factor: float  # probe here / probe on the reference machine
+    reference_cpu: str
+    missing: tuple[str, ...]  # planned notebooks without a committed time (not counted)
+
+    def format(self) -> str:
+        text = (f"expected time: ~{self.seconds / 60:.0f} min (committed per-notebook times x "
+                f"{self.factor:.2f}, this machine's speed probe against the reference "
+                f"machine's, {self.reference_cpu}; an empty results cache assumed)")
+        if self.missing:
+            text += f"; no committed time for {', '.join(self.missing)}"
+        return text
+
+
+def write_reference(path: Path, probe_seconds: float, seconds: dict[str, float]) -> Path:
+    """Record this machine's probe and per-notebook harness seconds (``figures/`` runs only)."""
+    from localsgd.results import write_json
+
+    return write_json({"probe_seconds": probe_seconds, "cpu": cpu_model(),
+                       "cpu_count": os.cpu_count(), "notebook_seconds": seconds,
+                       "total_seconds": sum(seconds.values())}, path)
+
+
+def estimate(reference: Path, notebooks: Iterable[str], probe_seconds: float) -> Estimate | None:
+    """The expected harness seconds of ``notebooks`` here, or None without a reference file."""
+    if not reference.is_file():
+        return None
+    ref = json.loads(reference.read_text())
+    factor = probe_seconds / ref["probe_seconds"]
+    known = ref["notebook_seconds"]
+    ids = list(notebooks)
+    total = sum(known[i] for i in ids if i in known) * factor
+    return Estimate(total, factor, ref.get("cpu", "unknown CPU"),
+                    tuple(i for i in ids if i not in known))

@@ -1,0 +1,329 @@
+"""Claims of Lin et al. (2020) Figures 6, 7, 9 and Table 3 (localsgd.experiments.lin2020) and the
+time-to-accuracy helpers they rest on (scaling_table, grid.speedup_table/time_to_accuracy/
+with_time), on hand-made records: no training."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from localsgd.experiments import claims as c
+from localsgd.experiments import grid, lin2020
+from localsgd.results import repo_root
+from localsgd.timing.cluster import Cluster, modelled_time
+
+HELD, NOT_HELD, INC, NM = c.HELD, c.NOT_HELD, c.INCONCLUSIVE, c.NOT_MEASURABLE
+
+
+def outcome(row: dict) -> str:
+    return row["verdict"].split(":", 1)[0]
+
+
+def reported_keys() -> set[tuple[str, str, str]]:
+    rep = pd.read_csv(repo_root() / "papers" / "lin2020_local_sgd" / "reported.csv", dtype=str,
+                      keep_default_na=False)
+    return set(zip(rep.artifact, rep.setting, rep.metric, strict=True))
+
+
+def assert_keys_join(rows: list[dict]) -> None:
+    keys = reported_keys()
+    for row in rows:
+        assert (row["artifact"], row["setting"], row["metric"]) in keys, row
+
+
+# ------------------------------------------------------------------ time-to-accuracy helpers
+
+def test_time_to_accuracy_interpolates_from_the_origin_and_on_plateaus():
+    # reached within the first interval: interpolated from (0, 0)
+    assert grid.time_to_accuracy([2.0, 4.0], [50.0, 80.0], 25.0) == pytest.approx(1.0)
+    # a plateau exactly at the target: its first point
+    assert grid.time_to_accuracy([1, 2, 3], [10, 30, 30], 30) == pytest.approx(2.0)
+    # a dip below and back up counts the first crossing
+    assert grid.time_to_accuracy([1, 2, 3, 4], [10, 40, 20, 60], 30) == pytest.approx(1 + 2 / 3)
+    assert math.isnan(grid.time_to_accuracy([1, 2], [10, 29.9], 30))
+
+
+def curve(seed, time_scale, acc=(20.0, 40.0, 60.0), **cols) -> pd.DataFrame:
+    n = len(acc)
+    return pd.DataFrame({"seed": seed, "step": range(1, n + 1),
+                         "time_s": [time_scale * (i + 1) for i in range(n)],
+                         "train_acc": list(acc), "test_acc": list(acc), **cols})
+
+
+def test_speedup_table_targets_the_lowest_final_accuracy_per_seed():
+    rec = pd.concat([
+        curve(0, 2.0, local_steps=1), curve(0, 1.0, acc=(30, 50, 80), local_steps=4),
+        curve(1, 3.0, acc=(20, 30, 40), local_steps=1), curve(1, 1.0, local_steps=4)])
+    tab = grid.speedup_table(rec).set_index(["seed", "local_steps"])
+    # seed 0: target 60 (H = 1's final); H = 1 at 6 s, H = 4 between (2, 50) and (3, 80)
+    assert tab.loc[(0, 1), "target_acc"] == 60
+    assert tab.loc[(0, 4), "time_to_target"] == pytest.approx(2 + 10 / 30)
+    assert tab.loc[(0, 4), "speedup"] == pytest.approx(6 / (2 + 10 / 30))
+    # seed 1 has its own target (40, H = 1's final): 9 s vs 2 s
+    assert tab.loc[(1, 4), "target_acc"] == 40
+    assert tab.loc[(1, 4), "speedup"] == pytest.approx(4.5)
+    assert (tab.xs(1, level="local_steps").speedup == 1.0).all()
+    # a given target that a run misses gives NaN, not an error
+    missed = grid.speedup_table(rec, target=70).set_index(["seed", "local_steps"])
+    assert math.isnan(missed.loc[(0, 1), "time_to_target"])
+    with pytest.raises(ValueError, match="local_steps = 2"):
+        grid.speedup_table(rec, baseline=2)
+
+
+def test_with_time_prices_syncs_by_model_or_fixed_costs():
+    rec = pd.DataFrame({"step": [10, 20], "compute_seconds": [1.0, 2.0], "param_bytes": 4e6,
+                        "world_size": 4, "group_l0": 2, "sync_l0": [5, 10], "gradsync_l0": 0,
+                        "group_l1": 4, "sync_l1": [1, 2], "gradsync_l1": [0, 1]})
+    cluster = Cluster(gpus_per_node=2, latency_s=1e-3)
+    assert grid.with_time(rec, cluster).time_s.tolist() == pytest.approx(
+        modelled_time(rec, cluster).tolist())
+    # fixed compute per update, modelled communication
+    comm = modelled_time(rec, cluster) - rec.compute_seconds
+    out = grid.with_time(rec, cluster, compute_seconds_per_step=0.5, column="t")
+    assert out.t.tolist() == pytest.approx((rec.step * 0.5 + comm).tolist())
+    # fixed cost per averaging or all-reduce round: 6 and 13 rounds at 0.1 s
+    out = grid.with_time(rec, cluster, sync_seconds=0.1)
+    assert out.time_s.tolist() == pytest.approx([1.0 + 0.6, 2.0 + 1.3])
+    assert "time_s" not in rec.columns  # the input is left alone
+
+
+def scaling_records() -> pd.DataFrame:
+    parts = []
+    for seed, scale in ((0, 1.0), (1, 2.0)):
+        # K = 2, H = 1 is the baseline; K = 4, H = 1 twice as fast; K = 4, H = 8 four times
+        for k, h, speed in ((2, 1, 1.0), (4, 1, 2.0), (4, 8, 4.0)):
+            parts.append(curve(seed, scale * 4.0 / speed, acc=(10, 30, 50, 45),
+                               world_size=k, local_steps=h))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_scaling_table_speedups_over_the_baseline_of_the_same_seed():
+    tab = lin2020.scaling_table(scaling_records(), target=40.0, time_col="time_s",
+                                baseline={"world_size": 2, "local_steps": 1})
+    tab = tab.set_index(["seed", "world_size", "local_steps"])
+    assert len(tab) == 6
+    # seed 1's clock runs twice as slow, yet its speed-ups are its own: 1, 2, 4 for both seeds
+    for seed in (0, 1):
+        assert tab.loc[(seed, 2, 1), "speedup"] == pytest.approx(1.0)
+        assert tab.loc[(seed, 4, 1), "speedup"] == pytest.approx(2.0)
+        assert tab.loc[(seed, 4, 8), "speedup"] == pytest.approx(4.0)
+    # 40 % between 30 % (step 2) and 50 % (step 3): 2.5 steps of 4 s on seed 0's baseline
+    assert tab.loc[(0, 2, 1), "time_to_target"] == pytest.approx(10.0)
+    assert tab.loc[(1, 2, 1), "time_to_target"] == pytest.approx(20.0)
+    assert tab.loc[(0, 4, 8), "final_test_acc"] == 45 and tab.loc[(0, 4, 8), "best_test_acc"] == 50
+    assert (tab.target_acc == 40.0).all()
+
+
+def test_scaling_table_unreached_target_and_missing_baseline():
+    tab = lin2020.scaling_table(scaling_records(), target=60.0,
+                                baseline={"world_size": 2, "local_steps": 1})
+    assert tab.time_to_target.isna().all() and tab.speedup.isna().all()
+    with pytest.raises(ValueError, match="baseline"):
+        lin2020.scaling_table(scaling_records(), target=40.0,
+                              baseline={"world_size": 16, "local_steps": 1})
+    # Figure 9's use: one key, the baseline H^b = 1
+    rec = pd.concat([curve(0, 1.0, block_steps=1), curve(0, 0.5, block_steps=4)])
+    tab = lin2020.scaling_table(rec, target=40.0, baseline={"block_steps": 1},
+                                keys=("block_steps",))
+    assert tab.set_index("block_steps").speedup.to_dict() == pytest.approx({1: 1.0, 4: 2.0})
+
+
+# -------------------------------------------------------------------------------- Figure 6
+
+def fig06_runs(speedups: list[float], paper_speedups: list[float] | None = None,
+               test_gap: float = 0.0, hs=(1, 16)) -> pd.DataFrame:
+    """Per seed: H = 1 takes 1 s per record, H = 16 1/speed-up s; same accuracy curve."""
+    paper_speedups = paper_speedups or speedups
+    parts = []
+    for seed, (s, sp) in enumerate(zip(speedups, paper_speedups, strict=True)):
+        for h in hs:
+            fast = h == max(hs)
+            df = curve(seed, 1.0 / s if fast else 1.0, local_steps=h)
+            df["time_paper_s"] = df.step * (1.0 / sp if fast else 1.0)
+            df["test_acc"] = df.test_acc + (test_gap if fast else 0.0)
+            parts.append(df)
+    return pd.concat(parts, ignore_index=True)
+
+
+def fig06(runs, hs=(1, 16)) -> dict:
+    rows = lin2020.fig06_claims(runs, Hs=list(hs), inter_gbps=10.0, note="quick: test")
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_fig06_speedup_claim_outcomes():
+    row = fig06(fig06_runs([4.0, 4.4], paper_speedups=[1.0, 1.1], test_gap=-0.5))
+    assert outcome(row) == HELD and row["value"] == pytest.approx(4.2)
+    assert "10 Gbit/s" in row["verdict"] and row["unit"] == "x" and row["note"] == "quick: test"
+    # the paper-cost speed-up is judged by the same rule and reported beside
+    assert "per-update costs: did not hold" in row["verdict"]
+    assert "-0.50 points ± 0.00 over 2 seeds" in row["verdict"]
+    assert outcome(fig06(fig06_runs([1.0, 1.1]))) == NOT_HELD
+    assert outcome(fig06(fig06_runs([4.0]))) == INC  # one seed
+    straddle = fig06(fig06_runs([2.5, 3.5]))
+    assert outcome(straddle) == INC and "within the seed spread" in straddle["verdict"]
+    assert_keys_join([row])
+
+
+def test_fig06_needs_h1_and_h16():
+    # smoke mode's H in {1, 4} has no H = 16: no row (the source's key is H=16 vs H=1)
+    assert lin2020.fig06_claims(fig06_runs([2.0], hs=(1, 4)), Hs=[1, 4], inter_gbps=10.0) == []
+
+
+# -------------------------------------------------------------------------------- Figure 7
+
+def fig07_tta(adv: list[float], ratio: list[float], ks=(2, 4, 8, 16)) -> pd.DataFrame:
+    """scaling_table-like rows per seed: at K = 16, H = 8's speed-up is ``adv`` × H = 1's;
+    time(K=16, H=1) / time(K=8, H=8) = ``ratio``."""
+    rows = []
+    for seed, (a, r) in enumerate(zip(adv, ratio, strict=True)):
+        for k in ks:
+            t1 = 100.0 * 2 / k  # mini-batch SGD: linear scaling from K = 2
+            t8 = t1 / a if k == 16 else (100.0 * 2 / 16) / r if k == 8 else t1 / 2
+            for h, t in ((1, t1), (8, t8)):
+                rows.append({"seed": seed, "world_size": k, "local_steps": h,
+                             "time_to_target": t, "speedup": 100.0 / t})
+    return pd.DataFrame(rows)
+
+
+def fig07(tta, ks=(2, 4, 8, 16), hs=(1, 8)) -> dict[str, dict]:
+    rows = lin2020.fig07_claims(tta, Ks=list(ks), Hs=list(hs), note="n")
+    return {r["metric"]: r for r in rows}
+
+
+def test_fig07_claim_outcomes():
+    rows = fig07(fig07_tta([2.5, 2.7], [2.4, 2.6]))
+    assert set(rows) == {"scaling advantage", "time-to-accuracy ratio"}
+    assert outcome(rows["scaling advantage"]) == HELD
+    assert rows["scaling advantage"]["value"] == pytest.approx(2.6)
+    assert "H = 8 over H = 1" in rows["scaling advantage"]["verdict"]
+    assert outcome(rows["time-to-accuracy ratio"]) == HELD
+    assert rows["time-to-accuracy ratio"]["value"] == pytest.approx(2.5)
+    assert_keys_join(list(rows.values()))
+    no = fig07(fig07_tta([0.8, 0.9], [0.8, 0.85]))
+    assert outcome(no["scaling advantage"]) == NOT_HELD
+    assert outcome(no["time-to-accuracy ratio"]) == NOT_HELD
+    one = fig07(fig07_tta([2.5], [2.5]))
+    assert {outcome(r) for r in one.values()} == {INC}
+    straddle = fig07(fig07_tta([1.5, 2.5], [1.0, 3.0]))
+    assert {outcome(r) for r in straddle.values()} == {INC}
+
+
+def test_fig07_pairs_seeds_and_handles_missed_targets():
+    tta = fig07_tta([3.0, 3.0], [3.0, 3.0])
+    # the seeds' rows shuffled: the ratio is still taken within each seed
+    rows = fig07(tta.sample(frac=1.0, random_state=0))
+    assert rows["scaling advantage"]["value"] == pytest.approx(3.0)
+    # K = 8, H = 8 never reached the target: the ratio is not measurable, the row stays
+    missed = tta.copy()
+    sel = (missed.world_size == 8) & (missed.local_steps == 8)
+    missed.loc[sel, ["time_to_target", "speedup"]] = math.nan
+    row = fig07(missed)["time-to-accuracy ratio"]
+    assert outcome(row) == NM and row["value"] is None
+    # smoke mode's K in {2, 4}: only the scaling row, at K = 4
+    small = fig07(fig07_tta([1.0], [1.0], ks=(2, 4)), ks=(2, 4))
+    assert set(small) == {"scaling advantage"}
+    assert "K = 4" in small["scaling advantage"]["verdict"]
+
+
+# -------------------------------------------------------------------------------- Figure 9
+
+def fig09_tta(slowdowns: dict[int, list[float]], acc_gain: dict[int, list[float]]
+              ) -> pd.DataFrame:
+    """Per seed and H^b: time to target 100 s without delay, × slowdown with +50 s; final test
+    accuracy 50 + gain (H^b = 1: gain 0)."""
+    rows = []
+    for hb, slows in slowdowns.items():
+        for seed, s in enumerate(slows):
+            gain = acc_gain.get(hb, [0.0] * len(slows))[seed]
+            for delay, t in ((0.0, 100.0), (1.0, 100.0 * (1 + (s - 1) / 10)), (50.0, 100 * s)):
+                rows.append({"seed": seed, "block_steps": hb, "delay_s": delay,
+                             "time_to_target": t, "final_test_acc": 50.0 + gain})
+    return pd.DataFrame(rows)
+
+
+def fig09(tta, hbs=(1, 4, 16)) -> dict:
+    rows = lin2020.fig09_claims(tta, Hbs=list(hbs), delays_s=[0.0, 1.0, 50.0],
+                                overcome_slowdown=1.1, target=27.8, note="quick: H=2")
+    assert len(rows) == 1
+    return rows[0]
+
+
+def test_fig09_claim_outcomes():
+    held = fig09(fig09_tta({1: [40.0, 42.0], 4: [3.0, 3.2], 16: [1.04, 1.06]},
+                           {4: [-0.2, -0.3], 16: [-0.5, -0.4]}))
+    assert outcome(held) == HELD and held["value"] == 16
+    assert "by 1.05x" in held["verdict"]  # the number papers/.../notes.md quotes
+    assert "slowdown <= 1.1x and <= 1 point" in held["note"]
+    assert_keys_join([held])
+    # fast enough but 3 points worse than H^b = 1: did not hold; H^b = 4 meets both
+    lossy = fig09(fig09_tta({1: [40.0, 42.0], 4: [1.05, 1.07], 16: [1.05, 1.06]},
+                            {4: [0.0, 0.1], 16: [-3.0, -3.2]}))
+    assert outcome(lossy) == NOT_HELD and lossy["value"] == 4
+    slow = fig09(fig09_tta({1: [40.0, 42.0], 4: [9.0, 9.5], 16: [3.0, 3.2]}, {}))
+    assert outcome(slow) == NOT_HELD and slow["value"] is None
+    assert "meeting both (seed means): none" in slow["verdict"]
+    one = fig09(fig09_tta({1: [40.0], 4: [3.0], 16: [1.05]}, {}))
+    assert outcome(one) == INC and "one seed" in one["verdict"]
+    straddle = fig09(fig09_tta({1: [40.0, 42.0], 4: [3.0, 3.2], 16: [1.0, 1.2]}, {}))
+    assert outcome(straddle) == INC
+
+
+def test_fig09_unreached_target_and_no_hb16():
+    tta = fig09_tta({1: [40.0, 42.0], 16: [1.05, 1.06]}, {})
+    tta.loc[tta.block_steps == 16, "time_to_target"] = math.nan
+    row = fig09(tta, hbs=(1, 16))
+    assert outcome(row) == NM and "nan" not in row["verdict"].lower()
+    # smoke mode's H^b in {1, 4}: the largest H^b stands for 16
+    row = fig09(fig09_tta({1: [40.0], 4: [1.05]}, {}), hbs=(1, 4))
+    assert "H^b = 4 slows" in row["verdict"] and outcome(row) == INC
+
+
+# -------------------------------------------------------------------------------- Table 3
+
+def table03_final(acc: dict[tuple[str, int, int], list[float]]) -> pd.DataFrame:
+    return pd.DataFrame([{"topology": topo, "H": h, "Hb": hb, "seed": seed, "test_acc": a}
+                         for (topo, h, hb), accs in acc.items() for seed, a in enumerate(accs)])
+
+
+def table03(acc) -> dict[str, dict]:
+    return {r["setting"]: r for r in lin2020.table03_claims(table03_final(acc), note="quick")}
+
+
+def test_table03_rows_and_claim_outcomes():
+    rows = table03({("4x4", 1, 16): [21.0, 21.5], ("4x4", 4, 4): [20.5, 21.0],
+                    ("4x4", 16, 1): [19.0, 19.4], ("8x2", 8, 2): [18.0, 18.2]})
+    assert set(rows) == {"4x4; H=1; Hb=16", "4x4; H=4; Hb=4", "4x4; H=16; Hb=1",
+                         "8x2; H=8; Hb=2"}
+    assert rows["4x4; H=1; Hb=16"]["value"] == pytest.approx(21.25)
+    assert rows["4x4; H=1; Hb=16"]["note"] == "quick; std=0.35 over 2 seeds"
+    claim = rows["4x4; H=16; Hb=1"]
+    assert outcome(claim) == HELD and "H=4, Hb=4" in claim["verdict"]
+    assert "verdict" not in rows["8x2; H=8; Hb=2"]  # the claim is about 4x4 only
+    assert_keys_join(list(rows.values()))
+    # one hierarchical configuration loses on both seeds: did not hold
+    no = table03({("4x4", 1, 16): [21.0, 21.5], ("4x4", 4, 4): [18.0, 18.5],
+                  ("4x4", 16, 1): [19.0, 19.4]})
+    assert outcome(no["4x4; H=16; Hb=1"]) == NOT_HELD
+    one = table03({("4x4", 1, 16): [21.0], ("4x4", 16, 1): [19.0]})
+    assert outcome(one["4x4; H=16; Hb=1"]) == INC
+    assert one["4x4; H=16; Hb=1"]["note"] == "quick; 1 seed (no std)"
+    straddle = table03({("4x4", 1, 16): [20.0, 19.5], ("4x4", 16, 1): [19.0, 20.0]})
+    assert outcome(straddle["4x4; H=16; Hb=1"]) == INC
+
+
+def test_table03_gains_are_paired_by_seed():
+    # seed 1 is 5 points better everywhere: unpaired the gain would straddle 0, paired it is +1
+    rows = table03({("4x4", 1, 16): [20.0, 25.1], ("4x4", 16, 1): [19.0, 24.0]})
+    assert outcome(rows["4x4; H=16; Hb=1"]) == HELD
+    # no H = 16, H^b = 1 baseline: rows without a claim
+    rows = table03({("4x4", 1, 16): [20.0], ("4x4", 4, 4): [19.0]})
+    assert all("claim" not in r for r in rows.values())
+
+
+def test_cifar_run_note_names_the_reduced_run():
+    from types import SimpleNamespace
+
+    p = SimpleNamespace(mode="quick", width=0.25, n_train=None, epochs=2.0, n_seeds=1)
+    assert lin2020.cifar_run_note(p, "H=2") == (
+        "quick: H=2, width 0.25, 50000 images, 2 epochs, seeds=1")
