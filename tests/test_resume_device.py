@@ -153,3 +153,24 @@ def test_phase_clock_on_cuda_records_events_and_waits_once(monkeypatch):
                                               (clock.mark(), clock.mark())]]
     assert clock.seconds(spans) == pytest.approx([0.01, 0.02])
     assert len(waits) == 1 and waits[0] is made[-1]
+
+
+def test_replicas_that_do_not_fit_stop_before_training_with_the_largest_k():
+    from localsgd.train import check_replica_memory
+
+    cfg = TrainConfig(model="resnet20", width=0.25, world_size=8, local_batch=32, batched=True)
+    shape = (3, 32, 32)
+    check_replica_memory(cfg, 10, shape, free_bytes=64 << 30)  # plenty: no error
+    with pytest.raises(ValueError, match=r"8 batched replicas of resnet20 .* at most (\d) fit"):
+        check_replica_memory(cfg, 10, shape, free_bytes=(1 << 30) + (40 << 20),
+                             reserve_bytes=1 << 30)
+    # sequential replicas keep one replica's activations: more of them fit in the same memory
+    from localsgd import memory
+    from localsgd.models import build_model
+
+    def fn():
+        return build_model("resnet20", num_classes=10, width=0.25)
+
+    budget = 40 << 20
+    assert memory.max_replicas(fn, 32, shape, budget, batched=False) > \
+        memory.max_replicas(fn, 32, shape, budget, batched=True)

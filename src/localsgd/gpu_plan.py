@@ -371,7 +371,7 @@ def readme_block(notebooks_dir: str | Path, gpu: str = DEFAULT_GPU) -> str:
     # the notebooks that train (the others cost nothing), the total; the throughput sources and
     # the recommended order are in the command's own output
     rows = [line for line in full[2:] if not line.startswith(("order", "  "))
-            and not line.split()[1:3] == ["0", "0"]]
+            and line.split()[1:3] != ["0", "0"]]
     text = "\n".join(full[:2] + rows)
     return (f"{README_BEGIN}\n```text\n$ localsgd reproduce --mode paper --plan   # (rows that "
             f"train)\n{text}\n```\n{README_END}")

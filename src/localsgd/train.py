@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import device as device_rule
+from localsgd import memory as memory_mod
 from localsgd import models as models_mod
 from localsgd import numerics, results
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
@@ -322,6 +323,35 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                       device=device)
 
 
+def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[int, ...],
+                         free_bytes: int, reserve_bytes: int = 1 << 30) -> None:
+    """Raise a ValueError naming the largest K that fits when the replica engine's K replicas
+    (`localsgd.memory`'s estimate: parameters, gradients, optimizer and outer state, buffers,
+    inputs, activations at B_loc; batched or sequential) need more than ``free_bytes`` less
+    ``reserve_bytes`` (the CUDA context and allocator slack)."""
+    dtype = getattr(torch, cfg.dtype)
+
+    def model_fn() -> nn.Module:
+        return models_mod.build_model(cfg.model, num_classes=num_classes, width=cfg.width)
+
+    outer = cfg.momentum_scheme in ("global", "hybrid") or cfg.slowmo_frequency is not None
+    kw = {"batched": cfg.batched, "outer": outer,
+          "optimizer": "sgd_momentum" if cfg.momentum > 0 else "sgd"}
+    need = memory_mod.estimate_replica_memory(model_fn, cfg.world_size, cfg.local_batch,
+                                              input_shape, dtype, **kw)
+    if need <= free_bytes - reserve_bytes:
+        return
+    fit = memory_mod.max_replicas(model_fn, cfg.local_batch, input_shape, free_bytes, dtype,
+                                  reserve_bytes=reserve_bytes, k_max=cfg.world_size, **kw)
+    gib = 1 << 30
+    raise ValueError(
+        f"{cfg.world_size} {'batched ' if cfg.batched else ''}replicas of {cfg.model} (width "
+        f"{cfg.width:g}) at B_loc = {cfg.local_batch} need about {need / gib:.1f} GiB of device "
+        f"memory, {free_bytes / gib:.1f} GiB are free (keeping {reserve_bytes / gib:.1f} GiB "
+        f"back): at most {fit} fit. Use batched=False (one replica's activations at a time), "
+        "fewer workers, or the torchrun runner (one GPU per worker)")
+
+
 def run_device(cfg: TrainConfig) -> torch.device:
     """The device of this process's workers by `localsgd.device`'s rule, as one process sees
     it: 'cuda' is cuda:0 for the replica engines (the torchrun runner has already placed its
@@ -511,6 +541,10 @@ def train(
               else _MemoryBatches(ds, cfg, device))
     n_train = source.n_train
     steps_per_epoch, total = _steps(cfg, n_train)
+    if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
+        shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, _StreamedBatches)
+                 else tuple(source.train_x.shape[1:]))
+        check_replica_memory(cfg, source.num_classes, shape, torch.cuda.mem_get_info(device)[0])
     engine = (engine or build_engine)(cfg, n_train, source.num_classes)
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
     dtype = getattr(torch, cfg.dtype)

@@ -471,11 +471,18 @@ class ReplicaEngine(_Engine):
             if timed:
                 spans[r].append((t0, clock.mark()))
         action = self.driver.after_step(self.current_lr())
+        k = len(losses)
+        if timed and correct[0] is not None:  # losses and hit counts in one host read
+            values = torch.cat([torch.stack(losses),
+                                torch.stack(correct).to(losses[0].dtype)]).tolist()
+            losses_out, stats["correct"] = values[:k], [int(c) for c in values[k:]]
+        else:
+            losses_out = torch.stack(losses).tolist()  # one device sync for all K losses
+            if timed:
+                stats["correct"] = [None] * k
         if timed:
-            stats["correct"] = ([None] * len(correct) if correct[0] is None
-                                else torch.stack(correct).tolist())  # one read for all K
             stats["compute_seconds"] = clock.seconds(spans)
-        return torch.stack(losses).tolist(), action  # one device sync for all K losses
+        return losses_out, action
 
     def averaged_model(self) -> nn.Module:
         """A copy of replica 0 holding the average of all replicas (parameters and float
@@ -644,13 +651,19 @@ class BatchedReplicaEngine(_Engine):
         if timed:
             spans.append((t0, clock.mark()))
         action = self.driver.after_step(self.current_lr())
+        correct = count_correct(out, y, 2) if timed else None
+        k = self.world_size
+        if correct is not None:  # losses and hit counts in one host read
+            values = torch.cat([losses.detach(), correct.to(losses.dtype)]).tolist()
+            losses_out, stats["correct"] = values[:k], [int(c) for c in values[k:]]
+        else:
+            losses_out = losses.detach().tolist()
+            if timed:
+                stats["correct"] = [None] * k
         if timed:
-            correct = count_correct(out, y, 2)
-            stats["correct"] = ([None] * self.world_size if correct is None
-                                else correct.tolist())
             seconds = clock.seconds([spans])[0]
-            stats["compute_seconds"] = [seconds / self.world_size] * self.world_size
-        return losses.detach().tolist(), action
+            stats["compute_seconds"] = [seconds / k] * k
+        return losses_out, action
 
     def replica_state_dict(self, k: int) -> dict[str, torch.Tensor]:
         """Replica k's model state (views of the live stacks), keyed like the model's own."""
