@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from localsgd import speed
 from localsgd.notebook import MODES
@@ -38,8 +39,9 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="ID", help="notebook ids to run (default: all)")
     r.add_argument("--list", action="store_true", help="list notebook ids and exit")
     r.add_argument("--notebooks", type=Path, default=root / "notebooks", help=argparse.SUPPRESS)
-    r.add_argument("--out-dir", type=Path, default=root / "figures",
-                   help="where figures, CSVs and REPORT.md go (default figures/)")
+    r.add_argument("--out-dir", type=Path, default=None,
+                   help="where figures, CSVs and REPORT.md go (default figures/; with "
+                   "--dry-run a new temporary folder)")
     r.add_argument("--build-dir", type=Path, default=root / "build" / "notebooks",
                    help="where executed notebooks go (default build/notebooks/)")
     r.add_argument("--kernel", default="python3", help="Jupyter kernel name (default python3)")
@@ -47,6 +49,11 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     r.add_argument("--plan", action="store_true",
                    help="print each notebook's runs, updates, images and estimated GPU-hours "
                    "for --mode (paper by default when given) and exit: nothing runs")
+    r.add_argument("--dry-run", type=int, default=None, metavar="N",
+                   help="with --mode paper: run every paper configuration on the CPU for N "
+                   "updates per run (full-size models, the real K, B_loc, H and schedule; 2 "
+                   "samples per worker and update, a 16-image evaluation) through the notebooks' "
+                   "plots and claims; nothing cached, nothing written to figures/")
     r.add_argument("--gpu", default=None,
                    help="with --plan: the GPU whose (estimated) throughput prices the plan")
 
@@ -195,6 +202,40 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path) -> int:
+    """``reproduce --mode paper --dry-run N`` (`localsgd.dry_run`)."""
+    import tempfile
+
+    from localsgd import dry_run
+
+    if args.mode != "paper":
+        raise ValueError(f"--dry-run runs paper mode's configurations; got --mode {args.mode}: "
+                         "use --mode paper")
+    if args.dry_run < 1:
+        raise ValueError(f"--dry-run {args.dry_run}: give the updates per run, at least 1")
+    out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="localsgd-dry-run-"))).resolve()
+    if out_dir == figures.resolve():
+        raise ValueError("a dry run never writes figures/: pick another --out-dir (or none)")
+    for spec in specs:
+        if spec.id in dry_run.SKIP:
+            print(f"skipped {spec.id}: {dry_run.SKIP[spec.id]}")
+    specs = [s for s in specs if s.id not in dry_run.SKIP]
+    os.environ[dry_run.ENV] = str(args.dry_run)  # the kernels inherit it
+    try:
+        results = h.run(specs, "paper", out_dir=out_dir,
+                        build_dir=args.build_dir.resolve(), cwd=args.notebooks.resolve().parent,
+                        kernel=args.kernel, overrides={"device": "cpu"})
+    finally:
+        del os.environ[dry_run.ENV]
+    print(h.summary_table(results))
+    print(f"dry run ({args.dry_run} updates per run; not results): outputs in {out_dir}")
+    failed = [r.id for r in results if r.status != "ok"]
+    if failed:
+        print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from localsgd import reproduce as h  # deferred: nbformat takes seconds to import
 
@@ -215,8 +256,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, args.only, mode), gpu).format())
         return 0
     specs = h.plan(args.notebooks, args.mode, args.only)
-    out_dir = args.out_dir.resolve()
     reference = args.notebooks.resolve().parent / "figures" / speed.SPEED_FILE
+    if args.dry_run is not None:
+        return _dry_run(args, h, specs, reference.parent)
+    out_dir = (args.out_dir or reference.parent).resolve()
     probe_s = None
     if args.mode == "quick":  # smoke runs take seconds: no estimate
         probe_s = speed.probe()

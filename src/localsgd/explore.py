@@ -113,3 +113,13 @@ def chart(fig=None, label: str = "", **params):
              f"{p.get('steps', 300)} steps [timing model prediction{label}]")
     fig = draw(df, title, fig)
     return fig, df, time.perf_counter() - t0
+
+
+def plotted(df: pd.DataFrame, params: dict) -> str:
+    """One JSON line: ``params`` and each scheme's speed-up at the chosen point, as plotted --
+    what the browser test compares with `predict` for the slider's new value."""
+    import json
+
+    point = df[df.point]
+    return json.dumps({"params": params,
+                       "speedup": {str(s): float(v) for s, v in zip(point.scheme, point.speedup)}})

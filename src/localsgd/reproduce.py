@@ -152,11 +152,14 @@ def cell_timeout() -> float | None:
 
 
 def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Path,
-                 cwd: Path, kernel: str = "python3") -> RunResult:
-    """Execute one notebook with papermill; a failure is recorded, never raised."""
+                 cwd: Path, kernel: str = "python3",
+                 overrides: dict[str, Any] | None = None) -> RunResult:
+    """Execute one notebook with papermill; a failure is recorded, never raised. ``overrides``
+    set parameters the notebook defines (others are ignored), e.g. a dry run's device."""
     import papermill as pm  # deferred: a slow import, needed only to execute a notebook
 
-    params = {**load_params(spec, mode), "mode": mode, "out_dir": str(out_dir)}
+    extra = {k: v for k, v in (overrides or {}).items() if k in spec.defined}
+    params = {**load_params(spec, mode), **extra, "mode": mode, "out_dir": str(out_dir)}
     executed = build_dir / f"{spec.id}.{mode}.ipynb"
     build_dir.mkdir(parents=True, exist_ok=True)
     before = _snapshot(out_dir)
@@ -182,14 +185,15 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
 
 
 def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path, cwd: Path,
-        kernel: str = "python3", progress: bool = True) -> list[RunResult]:
+        kernel: str = "python3", progress: bool = True,
+        overrides: dict[str, Any] | None = None) -> list[RunResult]:
     """Run every planned notebook in order, with a progress bar; failures do not stop the rest."""
     results = []
     bar = tqdm(specs, desc=f"notebooks ({mode})", unit="nb", disable=not progress)
     for spec in bar:
         bar.set_postfix_str(spec.id)
         results.append(run_notebook(spec, mode, out_dir=out_dir, build_dir=build_dir, cwd=cwd,
-                                    kernel=kernel))
+                                    kernel=kernel, overrides=overrides))
     return results
 
 

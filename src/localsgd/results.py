@@ -23,7 +23,7 @@ from typing import Any
 
 import pandas as pd
 
-from localsgd import paths
+from localsgd import dry_run, paths
 from localsgd.paths import atomic_path  # re-exported: results.atomic_path is public
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
@@ -90,7 +90,9 @@ def git_state(root: Path | None = None) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                                 text=True, check=True, timeout=10).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        # the outputs a run writes (figures/, build/) do not make the code differ from the commit
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                 ".", ":(exclude)figures", ":(exclude)build"],
                                 cwd=root, capture_output=True, text=True, check=True,
                                 timeout=10).stdout
         return {"commit": commit, "dirty": bool(status.strip())}
@@ -224,6 +226,8 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
     both are written atomically, so an interrupted run never leaves a corrupt entry. A corrupt
     entry found anyway (e.g. edited by hand) is recomputed, not trusted.
     """
+    if dry_run.updates() is not None:  # a dry run's numbers are not results: never cached
+        return compute()
     folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir() / "results"
     # the package's code is part of the key: any change to it may change results
     entry = folder / f"{name}-{params_hash({**params, '__code__': code_hash()})}.csv"

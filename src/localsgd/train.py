@@ -46,9 +46,9 @@ from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import device as device_rule
+from localsgd import dry_run, numerics, results
 from localsgd import memory as memory_mod
 from localsgd import models as models_mod
-from localsgd import numerics, results
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
 from localsgd.engines.ddp import DDPEngine
@@ -389,8 +389,11 @@ class _MemoryBatches:
             out.append((xb, self.train_y[idx]))
         return out
 
+    eval_limit: int | None = None  # test images evaluated (a dry run's bound; None: all)
+
     def evaluate(self, model: nn.Module) -> tuple[float, float]:
-        return evaluate(model, self.test_x, self.test_y, self.ds.mean, self.ds.std,
+        n = self.eval_limit
+        return evaluate(model, self.test_x[:n], self.test_y[:n], self.ds.mean, self.ds.std,
                         self.eval_batch)
 
 
@@ -399,6 +402,8 @@ class _StreamedBatches:
     whose batch sampler yields, for update ``pos``, the concatenated mini-batches of this
     process's workers from the §4.2.1 partition; images are decoded and augmented in loader
     worker processes, seeded per image (`data.SeededItems`)."""
+
+    eval_limit: int | None = None  # validation images evaluated (a dry run's bound; None: all)
 
     def __init__(self, folders: data_mod.ImageFolders, cfg: TrainConfig, device: torch.device):
         self.folders, self.cfg, self.device = folders, cfg, device
@@ -431,6 +436,7 @@ class _StreamedBatches:
         model.eval()
         dtype = next(model.parameters()).dtype
         n, e = len(self.folders.val), self.cfg.eval_batch
+        n = min(n, self.eval_limit or n)
         loader = self._loader(self.folders.val, [list(range(i, min(i + e, n)))
                                                  for i in range(0, n, e)])
         correct, loss = 0, 0.0
@@ -541,6 +547,10 @@ def train(
               else _MemoryBatches(ds, cfg, device))
     n_train = source.n_train
     steps_per_epoch, total = _steps(cfg, n_train)
+    dry = dry_run.updates()  # localsgd reproduce --dry-run: N updates, tiny batches, no cache
+    if dry is not None:
+        total = min(total, dry)
+        source.eval_limit = dry_run.EVAL_IMAGES
     if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
         shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, _StreamedBatches)
                  else tuple(source.train_x.shape[1:]))
@@ -616,6 +626,8 @@ def train(
                 t0 = time.perf_counter()
                 batches = [(x.to(dtype), y) for x, y in
                            source.batches(parts, epoch, pos, ranks, engine.generators, b)]
+                if dry is not None:
+                    batches = [(x[:dry_run.BATCH], y[:dry_run.BATCH]) for x, y in batches]
                 tot.data_seconds += time.perf_counter() - t0
                 stats: dict = {}
                 # bf16 autocast around the whole step: it only changes the forward's matmuls and

@@ -386,6 +386,7 @@ def _check_sliders(driver, nb_id: str) -> None:
     assert handles, f"{nb_id}: a slider is shown but has no handle"
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", handles[0])
     before = _state(driver)["images"]
+    plotted_before = _plotted(driver)
     handles[0].click()
     handles[0].send_keys(Keys.ARROW_RIGHT)
     t0 = time.time()
@@ -393,6 +394,34 @@ def _check_sliders(driver, nb_id: str) -> None:
           lambda: (s := _state(driver))["images"] and s["images"] != before, 5, poll=0.1)
     print(f"{nb_id}: chart changed {time.time() - t0:.2f} s after the slider moved")
     _screenshot(driver, f"{nb_id}.slider")
+    if plotted_before:  # an explorer that prints what it plots: the values, not just the image
+        _wait("the plotted values to follow the slider",
+              lambda: (p := _plotted(driver)) and p[-1]["params"] != plotted_before[-1]["params"],
+              5, poll=0.1)
+        _check_plotted(plotted_before[-1], _plotted(driver)[-1])
+
+
+def _plotted(driver) -> list[dict]:
+    """The ``plotted: {...}`` lines an explorer prints beside its chart (localsgd.explore)."""
+    texts = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
+        ".jp-OutputArea-output pre')).map(e => e.textContent)")
+    return [json.loads(line.removeprefix("plotted: ")) for text in texts
+            for line in text.splitlines() if line.startswith("plotted: ")]
+
+
+def _check_plotted(old: dict, new: dict) -> None:
+    """The first slider (the straggler rate) moved one step: the plotted speed-ups are the timing
+    model's for the new rate (recomputed here with explore.predict) and differ from before."""
+    from localsgd import explore
+
+    changed = {k for k in new["params"] if new["params"][k] != old["params"].get(k)}
+    assert changed == {"straggler_rate"}, changed
+    assert new["params"]["straggler_rate"] > old["params"]["straggler_rate"]
+    point = explore.predict(**new["params"]).query("point")
+    expected = {str(s): float(v) for s, v in zip(point.scheme, point.speedup)}
+    assert new["speedup"] == pytest.approx(expected, rel=1e-9)
+    assert new["speedup"] != pytest.approx(old["speedup"], rel=1e-6)  # the prediction moved
 
 
 # ------------------------------------------------------------------ the tests

@@ -1,0 +1,43 @@
+"""Dry runs of paper mode: ``localsgd reproduce --mode paper --dry-run N``.
+
+Every notebook's paper configuration is executed on the CPU -- its real grid of runs, each with
+the paper's model at full size, the real K, B_loc, H, H^b, schedule, learning-rate rule and outer
+step -- for N updates per run and one evaluation, then through the notebook's tables, plots and
+claim code. So a paper configuration that no longer builds, or a notebook that breaks on the
+paper grid, fails on a machine without GPUs. What a dry run does not check: speed, and memory at
+B_loc -- each worker's batch is cut to `BATCH` samples and the evaluation to `EVAL_IMAGES`
+images so that every run of the grid fits a CI budget (`localsgd.memory` estimates memory at
+B_loc; `train.check_replica_memory` stops a GPU run that would not fit). Nothing is cached and
+nothing is written to ``figures/``.
+
+Notebooks whose paper mode cannot run on a CPU at all are skipped with the reason (`SKIP`).
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "LOCALSGD_DRY_RUN"
+BATCH = 2  # samples per worker and update in a dry run
+EVAL_IMAGES = 16  # test images of the one evaluation per run
+
+SKIP = {
+    "dynamo_ddp": "paper mode is torchbench models on 8 and 64 A100s over NCCL; the notebook "
+                  "stops with what to run instead",
+    "timing_validation": "paper mode launches 16 torchrun processes for 3 x 104 updates of "
+                         "emulated compute (11 min on 2 cores); its quick mode is the same code",
+    "fig04_convex_time": "the convex simulator's paper grid runs at full scale on a CPU and is "
+                         "committed (figures/paper/, 10.7 min with Figure 5)",
+    "fig05_convex_speedup": "as fig04_convex_time: committed at full scale in figures/paper/",
+}
+
+
+def updates() -> int | None:
+    """N when this process runs inside a dry run (``LOCALSGD_DRY_RUN=N``), else None."""
+    value = os.environ.get(ENV, "")
+    if not value:
+        return None
+    n = int(value)
+    if n < 1:
+        raise ValueError(f"{ENV}={value!r}: a dry run needs at least 1 update per run")
+    return n

@@ -1,0 +1,51 @@
+"""`localsgd reproduce --mode paper --dry-run N`: every paper configuration runs on the CPU for N
+updates per run (full-size models, real K, B_loc, H, schedule), through the notebooks' plots and
+claims; nothing cached, nothing in figures/ (localsgd.dry_run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from localsgd import dry_run, reproduce
+from localsgd.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = sorted(nb for nb in reproduce.discover(REPO / "notebooks") if nb not in dry_run.SKIP)
+
+
+def test_dry_run_needs_paper_mode_and_never_writes_figures(capsys):
+    assert main(["reproduce", "--mode", "quick", "--dry-run", "2", "--only", "appB_comm_cost"]) == 2
+    assert "use --mode paper" in capsys.readouterr().err
+    assert main(["reproduce", "--mode", "paper", "--dry-run", "2", "--only", "appB_comm_cost",
+                 "--out-dir", str(REPO / "figures")]) == 2
+    assert "never writes figures/" in capsys.readouterr().err
+
+
+def test_skipped_notebooks_say_why(tmp_path, capsys):
+    code = main(["reproduce", "--mode", "paper", "--dry-run", "1", "--only", "dynamo_ddp",
+                 "--out-dir", str(tmp_path / "out"), "--build-dir", str(tmp_path / "b")])
+    assert code == 0 and "skipped dynamo_ddp: paper mode is torchbench" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("nb_id", PAPER)
+def test_paper_configuration_runs_dry(nb_id, tmp_path, monkeypatch):
+    from localsgd import paths
+
+    monkeypatch.setenv("LOCALSGD_CELL_TIMEOUT", "900")
+    results = paths.cache_dir() / "results"
+    before = set(results.glob("*")) if results.exists() else set()
+    out = tmp_path / "out"
+    code = main(["reproduce", "--mode", "paper", "--dry-run", "1", "--only", nb_id,
+                 "--out-dir", str(out), "--build-dir", str(tmp_path / "build")])
+    assert code == 0
+    side = json.loads((out / f"{nb_id}.json").read_text())
+    assert side["mode"] == "paper"
+    after = set(results.glob("*")) if results.exists() else set()
+    assert after == before  # nothing cached
+    data = pd.read_csv(out / f"{nb_id}.csv")
+    if "step" in data.columns and "local_steps" in data.columns:  # trained runs: 1 update each
+        assert set(data.step.dropna()) <= {1}
