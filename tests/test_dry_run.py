@@ -22,7 +22,10 @@ def test_dry_run_needs_paper_mode_and_never_writes_figures(capsys):
     assert "use --mode paper" in capsys.readouterr().err
     assert main(["reproduce", "--mode", "paper", "--dry-run", "2", "--only", "appB_comm_cost",
                  "--out-dir", str(REPO / "figures")]) == 2
-    assert "never writes figures/" in capsys.readouterr().err
+    assert "never writes into figures/" in capsys.readouterr().err
+    assert main(["reproduce", "--mode", "paper", "--dry-run", "2", "--only", "appB_comm_cost",
+                 "--out-dir", str(REPO / "figures" / "paper")]) == 2
+    assert "never writes into figures/" in capsys.readouterr().err
 
 
 def test_skipped_notebooks_say_why(tmp_path, capsys):
@@ -43,7 +46,7 @@ def test_paper_configuration_runs_dry(nb_id, tmp_path, monkeypatch):
                  "--out-dir", str(out), "--build-dir", str(tmp_path / "build")])
     assert code == 0
     side = json.loads((out / f"{nb_id}.json").read_text())
-    assert side["mode"] == "paper"
+    assert side["mode"] == "paper" and side["dry_run_updates"] == 1  # labelled as a dry run
     after = set(results.glob("*")) if results.exists() else set()
     assert after == before  # nothing cached
     data = pd.read_csv(out / f"{nb_id}.csv")

@@ -214,8 +214,8 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path) -> in
     if args.dry_run < 1:
         raise ValueError(f"--dry-run {args.dry_run}: give the updates per run, at least 1")
     out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="localsgd-dry-run-"))).resolve()
-    if out_dir == figures.resolve():
-        raise ValueError("a dry run never writes figures/: pick another --out-dir (or none)")
+    if out_dir == figures.resolve() or figures.resolve() in out_dir.parents:
+        raise ValueError("a dry run never writes into figures/: pick another --out-dir (or none)")
     for spec in specs:
         if spec.id in dry_run.SKIP:
             print(f"skipped {spec.id}: {dry_run.SKIP[spec.id]}")

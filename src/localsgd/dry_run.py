@@ -26,6 +26,10 @@ SKIP = {
                   "stops with what to run instead",
     "timing_validation": "paper mode launches 16 torchrun processes for 3 x 104 updates of "
                          "emulated compute (11 min on 2 cores); its quick mode is the same code",
+    "fig08_imagenet": "paper mode trains through torchrun on 15 x 2 GPUs and ImageNet (the "
+                      "notebook writes the configs and commands, then stops until runs_dir "
+                      "holds their output); its configurations are checked by "
+                      "tests/test_paper_configs.py",
     "fig04_convex_time": "the convex simulator's paper grid runs at full scale on a CPU and is "
                          "committed (figures/paper/, 10.7 min with Figure 5)",
     "fig05_convex_speedup": "as fig04_convex_time: committed at full scale in figures/paper/",

@@ -143,6 +143,7 @@ def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | Non
         "scale": scale,
         "utc_time": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "wall_seconds": wall_seconds,
+        **({"dry_run_updates": dry_run.updates()} if dry_run.updates() else {}),
         **extra,
     }
 

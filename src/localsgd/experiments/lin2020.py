@@ -1189,6 +1189,14 @@ def fig08_torchrun(configs: Sequence[TrainConfig], labels: Sequence[dict], *, no
     return commands
 
 
+FIG08_TORCHRUN_ONLY = (
+    "Figure 8's paper mode trains ResNet-50 on ImageNet with 15 x 2 workers through torchrun, one "
+    "process per GPU, not K replicas in this notebook (30 full-size replicas and their 224-px "
+    "batches do not fit one process): run the commands printed above on the nodes (the configs "
+    "are in build/fig08_imagenet_configs/), then set runs_dir to the folder holding their "
+    "--out folders and run this notebook again to plot them")
+
+
 def fig08_load_runs(runs_dir: str | Path, labels: Sequence[dict]) -> pd.DataFrame:
     """The torchrun outputs of Figure 8's runs (``<runs_dir>/<label>/records.csv``), one
     ``run`` id per label; a missing one names the command to run."""
