@@ -422,6 +422,8 @@ def _check_plotted(old: dict, new: dict) -> None:
     expected = {str(s): float(v) for s, v in zip(point.scheme, point.speedup)}
     assert new["speedup"] == pytest.approx(expected, rel=1e-9)
     assert new["speedup"] != pytest.approx(old["speedup"], rel=1e-6)  # the prediction moved
+    print(f"plotted speed-ups follow the straggler rate {old['params']['straggler_rate']} -> "
+          f"{new['params']['straggler_rate']} as explore.predict says")
 
 
 # ------------------------------------------------------------------ the tests
