@@ -72,7 +72,9 @@ class Estimate:
     missing: tuple[str, ...]  # planned notebooks without a committed time (not counted)
 
     def format(self) -> str:
-        text = (f"expected time: ~{self.seconds / 60:.0f} min (committed per-notebook times x "
+        minutes = self.seconds / 60
+        shown = f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.1f}"
+        text = (f"expected time: ~{shown} min (committed per-notebook times x "
                 f"{self.factor:.2f}, this machine's speed probe against the reference "
                 f"machine's, {self.reference_cpu}; an empty results cache assumed)")
         if self.missing:
