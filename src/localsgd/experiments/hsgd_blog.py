@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from localsgd.experiments.claims import claim_row, combine, verdict
+from localsgd.notebook import ParameterError
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.simulate import Scheme, simulate
 from localsgd.timing.stragglers import Stragglers
@@ -100,7 +101,6 @@ def simulate_blog(p: Any, seeds: Sequence[int]) -> pd.DataFrame:
     Columns: `simulate`'s, plus ``variant``, ``case`` and, for the sweep, ``stall_sweep_s`` and
     ``sync_slowdown`` (synchronous SGD's time, mean over seeds, over its time without stalls
     minus 1)."""
-    from localsgd.notebook import ParameterError
 
     if len(p.straggler_rates) != len(p.worker_counts):
         raise ParameterError(f"straggler_rates has {len(p.straggler_rates)} values for "
@@ -315,6 +315,7 @@ def blog_figure(data: pd.DataFrame, p: Any):
     """The notebook's figure: top, speed-ups per GPU count beside the blog's HSGD range; bottom,
     the model variants' HSGD ranges against the blog's (heatmap), limitations 1-2 and the
     limitation-3 sweep. ``p`` has the notebook's parameters as attributes."""
+    # deferred: only the plots need matplotlib and seaborn
     import matplotlib.pyplot as plt
     import seaborn as sns
 

@@ -17,15 +17,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 from scipy.optimize import nnls
 from torch import nn
 
-from localsgd.experiments.grid import time_to_accuracy
+from localsgd.experiments import claims
+from localsgd.experiments.claims import claim_row, verdict
+from localsgd.experiments.grid import (
+    dataset_available,
+    final_table,
+    speedup_table,
+    time_to_accuracy,
+)
 from localsgd.models import build_model, count_flops, count_params
 from localsgd.results import repo_root
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.comm import sync_rounds
-from localsgd.timing.simulate import Scheme, run_clocks
+from localsgd.timing.comm import ClusterShape, schedule_sync_counts, sync_rounds
+from localsgd.timing.simulate import Scheme, run_clocks, simulate
+from localsgd.timing.stragglers import Stragglers
 from localsgd.train import TrainConfig
 
 __all__ = [
@@ -480,7 +489,6 @@ def table06_07_reported(papers_dir: str | Path | None = None) -> pd.DataFrame:
 def table05_status(datasets: Sequence[str], *, download: bool = False) -> dict[str, str]:
     """Per data set of Table 5 (App. F.2.1): "available" or "data unavailable", printed with the
     loader's reason; a missing CIFAR-100 is reported, never replaced by another data set."""
-    from localsgd.experiments.grid import dataset_available
 
     status = {}
     for name in datasets:
@@ -516,7 +524,6 @@ TABLE05_BY = ["dataset", "model_name", "width", "local_steps"]
 def table05_final(runs: pd.DataFrame | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(each run's last record, mean/std/count of test top-1 per data set, model, width and H);
     both empty, with their columns, when no data set was available (``runs`` is None)."""
-    from localsgd.experiments.grid import final_table
 
     if runs is None or runs.empty:
         final = pd.DataFrame(columns=[*TABLE05_BY, "seed", "test_acc"])
@@ -564,7 +571,6 @@ def _gaps_by_seed(final: pd.DataFrame, a: dict, b: dict) -> list[float]:
 def _part_text(label: str, outcome: str, v) -> str:
     """One part of a multi-part verdict: its outcome, the per-seed mean (± sd) and, if it could
     not be decided, why."""
-    from localsgd.experiments import claims
 
     text = f"{label}: {outcome}"
     if v.seeds:
@@ -581,7 +587,6 @@ def _with_claim(rows: list[dict], artifact: str, setting: str, claim: str,
                 verdict: str) -> list[dict]:
     """``rows`` with ``claim``/``verdict`` on the row of ``setting`` (test top-1); a row without a
     value is added when no run of that setting exists."""
-    from localsgd.experiments import claims
 
     for i, row in enumerate(rows):
         if row["artifact"] == artifact and row["setting"] == setting:
@@ -606,7 +611,6 @@ def table01_claims(final: pd.DataFrame, *, mode: str, B_loc: int, width: float,
     is decided by the seed-spread rule (`claims.verdict`) and the two by `claims.combine`. The
     claim sits on the row "local SGD; w/o tricks; B_glob=<largest>".
     """
-    from localsgd.experiments import claims
 
     table = final.groupby(["tricks", "method", "B_glob"])["test_acc"].agg(
         ["mean", "std", "count"]).reset_index()
@@ -650,7 +654,6 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
     part, so the claim cannot be held while its cells are untested. Needs H = 1 and 8 in
     ``hs``; the claim sits on the first H = 8 row (ResNet-20 on CIFAR-10 in every mode).
     """
-    from localsgd.experiments import claims
 
     table = final.groupby(TABLE05_BY)["test_acc"].agg(["mean", "std", "count"]).reset_index()
 
@@ -717,7 +720,6 @@ def table06_07_claims(final: pd.DataFrame, *, mode: str, width: float, n_train: 
     The claim sits on the row "local momentum=0.9; global momentum=0.0; H=1" (no claim without
     that run). Table 7 (H = 8) gets compare rows only: the paper draws no claim from it.
     """
-    from localsgd.experiments import claims
 
     table = final.groupby(["table", "H", "local_momentum", "global_momentum"])["test_acc"].agg(
         ["mean", "std", "count"]).reset_index()
@@ -808,8 +810,6 @@ def fig06_claims(runs: pd.DataFrame, *, Hs: Sequence[int], inter_gbps: float,
     rule on ``time_paper_s`` (Table 5's per-update costs) and the paired test top-1 change are
     reported beside it. No row unless ``Hs`` has both 1 and 16 (the reported key is H=16 vs 1).
     """
-    from localsgd.experiments import claims
-    from localsgd.experiments.grid import speedup_table
 
     if not (1 in Hs and 16 in Hs):
         return []
@@ -843,7 +843,6 @@ def fig07_claims(tta: pd.DataFrame, *, Ks: Sequence[int], Hs: Sequence[int],
     largest H) over that of H = 1, ≥ 2; (2) "H = 8 on 8 GPUs reaches the target in half the
     time of mini-batch SGD on 16": per seed, time(K=16, H=1) / time(K=8, H=8) ≥ 2 (a seed that
     never reached the target drops out; none left is "not measurable")."""
-    from localsgd.experiments import claims
 
     rows = []
     k_max, h_local = max(Ks), (8 if 8 in Hs else max(Hs))
@@ -876,7 +875,6 @@ def fig09_claims(tta: pd.DataFrame, *, Hbs: Sequence[int], delays_s: Sequence[fl
     top-1 minus H^b = min(Hbs) (paired by seed, no delay) ≥ −1 point; `claims.combine` of both.
     ``tta`` is `scaling_table` per delay with a ``delay_s`` column. The row's value is the
     smallest H^b whose seed means meet both (empty if none does)."""
-    from localsgd.experiments import claims
 
     d_max, hb_min, hb = max(delays_s), min(Hbs), (16 if 16 in Hbs else max(Hbs))
     t0, t_d = (tta[tta.delay_s == d].set_index(["block_steps", "seed"]).time_to_target
@@ -916,7 +914,6 @@ def table03_claims(final: pd.DataFrame, *, note: str = "") -> list[dict]:
     4x4 H=16, Hb=1 row the claim "H^b > 1 beats plain local SGD (H = 16, H^b = 1) at
     H·H^b = 16": per hierarchical configuration on 4x4, its test top-1 minus H=16, Hb=1's,
     paired by seed, > 0; `claims.combine` over the configurations."""
-    from localsgd.experiments import claims
 
     claim, text = None, None
     four = final[final.topology == "4x4"]
@@ -1002,8 +999,6 @@ def table02_stragglers(fit: Table02Fit, hs: Sequence[int], *, updates: int, seed
     `timing.simulate` (per-worker clocks, the fitted `Table02Fit.cluster`), also with hosts that
     may run 2 steps ahead of their devices. Rows: H, scenario, seconds_per_update, minutes (for
     Table 2's U updates), wait_per_update (barrier model only)."""
-    from localsgd.timing.simulate import simulate
-    from localsgd.timing.stragglers import Stragglers
 
     u = int(fit.table.updates.iloc[0])  # Table 2's U (7,324 updates per worker)
     scenarios = {
@@ -1058,7 +1053,6 @@ def table02_claims(tab: pd.DataFrame, mc: pd.DataFrame | None, *, fit_max_h: int
     ``mc`` (`table02_stragglers`), must be at least 0.01 min (Table 2's precision) for the rise to
     be reproduced. ``log2h_s`` is the descriptive U·d·log2 H fit's d (seconds), quoted in the
     verdict as the growth of the per-update time the rise would need."""
-    from localsgd.experiments.claims import claim_row, verdict
 
     mc = mc if mc is not None else pd.DataFrame(columns=["H", "scenario", "minutes"])
     rises = [_rise_after(tab.H, tab.model_minutes, TABLE02_MIN_H)]
@@ -1100,7 +1094,6 @@ def table04_rows(table: pd.DataFrame) -> list[dict]:
     their ratio. Exact counts at full width, so no claim and no seed: the report checks each
     count against the printed one within half a unit of its last digit (``rel_tol``); the
     ratio has none (the paper divides its rounded numbers)."""
-    from localsgd.experiments.claims import claim_row
 
     conv = {MACS: "multiply-adds (paper's convention for this row)",
             FLOPS: "FLOPs = 2 x multiply-adds (paper's convention for this row)"}
@@ -1128,7 +1121,6 @@ def appB_table3(topologies: Sequence[str], updates: int = 16) -> pd.DataFrame:
     """Table 3's "# of sync." rows counted by running `SyncSchedule` over ``updates`` = H·H^b
     updates for every H | 16 and each topology (App. B, eq. (6): 1 global round, H^b − 1
     rounds within a node)."""
-    from localsgd.timing.comm import ClusterShape, schedule_sync_counts
 
     hs = [h for h in (1, 2, 4, 8, 16, 32, 64) if h <= updates and updates % h == 0]
     return pd.DataFrame([
@@ -1142,7 +1134,6 @@ def appB_rows(table3: pd.DataFrame) -> list[dict]:
     `appB_table3`. The counts do not depend on the topology: those of the first are written.
     Exact counts of a deterministic schedule, so no claim: the report checks them against the
     printed ones (within node, then over nodes, one row per H = 1 … 16)."""
-    from localsgd.experiments.claims import claim_row
 
     counts = table3[table3.topology == table3.topology.iloc[0]]
     rows = []
@@ -1176,7 +1167,6 @@ def fig08_torchrun(configs: Sequence[TrainConfig], labels: Sequence[dict], *, no
                    gpus_per_node: int, cfg_dir: Path) -> list[str]:
     """Write one YAML per Figure 8 run into ``cfg_dir`` and return the ``torchrun`` command
     each node runs for it (15 × 2 GPUs in the paper)."""
-    import yaml
 
     cfg_dir.mkdir(parents=True, exist_ok=True)
     commands = []
@@ -1221,8 +1211,6 @@ def fig08_claims(runs: pd.DataFrame, *, H: int, standin: bool, inter_gbps: float
     so and carries its own ratio, never set beside the paper's. With one seed the verdict is
     "inconclusive at this scale"; no run reaching the target gives "not measurable".
     """
-    from localsgd.experiments.claims import claim_row, verdict
-    from localsgd.experiments.grid import speedup_table
 
     tab = speedup_table(runs, time_col="time_s", acc_col="test_acc", by="method",
                         baseline=FIG08_BASELINE)
@@ -1254,7 +1242,6 @@ def fig10_claims(runs: pd.DataFrame, *, available: bool, Hs: Sequence[int], K: i
     trained and nothing substituted); "not measurable" without an H = 1 run or a finite pair.
     The row matches no source number (the report lists it among our own claims).
     """
-    from localsgd.experiments.claims import claim_row, verdict
 
     h_max = max(Hs)
     diffs: list[float] = []

@@ -238,7 +238,7 @@ def figure_data(records: pd.DataFrame, be: pd.DataFrame) -> pd.DataFrame:
 
 def plot_breakeven(ax, be: pd.DataFrame, *, procs: int, frequency: int) -> None:
     """The break-even panel: the rule's ratio (> 1: SlowMo pays) against the measured one."""
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import NullFormatter  # deferred: only the plots need matplotlib
 
     x = be.rule_lhs_s / be.bwd_s
     ax.scatter(x, be.speedup_local, s=60)

@@ -61,6 +61,7 @@ import yaml
 from localsgd.distributed import spawn
 from localsgd.experiments import claims
 from localsgd.experiments.claims import Verdict
+from localsgd.notebook import ParameterError
 from localsgd.runner import SWEEP_OPTIONS
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.simulate import Scheme, simulate
@@ -567,7 +568,6 @@ TABLE_COLUMNS = ["measured_s", "predicted_s", "measured_speedup", "predicted_spe
 def check_worker_counts(worker_counts: Sequence[int], block_size: int) -> None:
     """Every world size >= 2 and a multiple of ``block_size`` (the emulated nodes), else one
     `localsgd.notebook.ParameterError` naming the bad values."""
-    from localsgd.notebook import ParameterError
 
     bad = [w for w in worker_counts if w < 2 or w % block_size]
     if bad:
