@@ -366,16 +366,20 @@ def _image_tree(root: Path, classes=("n01440764", "n01443537"), per_class: int =
 
 def test_imagenet_folders_on_a_tiny_tree(isolated):
     _image_tree(isolated / "data" / "imagenet")
-    train, val = data.imagenet_folders()  # found through $LOCALSGD_DATA/imagenet
+    folders = data.imagenet_folders()  # found through $LOCALSGD_DATA/imagenet
+    train, val = folders.train, folders.val
     assert len(train) == len(val) == 4 and train.classes == ["n01440764", "n01443537"]
     x, y = train[3]
-    assert x.shape == (3, 224, 224) and x.dtype == torch.float32 and y == 1
+    assert x.shape == (3, 224, 224) and x.dtype == torch.uint8 and y == 1
     xv, _ = val[0]
     assert xv.shape == (3, 224, 224)
-    # val is deterministic (resize + centre crop); constant images stay constant after normalizing
+    # val is deterministic (resize + centre crop): a constant image stays constant; normalized
+    # (on the training device) with ImageNet's statistics
+    assert torch.equal(xv, torch.tensor([0, 0, 90], dtype=torch.uint8).view(3, 1, 1).expand_as(xv))
     expected = (torch.tensor([0, 0, 90]) / 255 - torch.tensor(data.IMAGENET_MEAN)) / torch.tensor(
         data.IMAGENET_STD)
-    torch.testing.assert_close(xv.mean(dim=(1, 2)), expected.float(), atol=1e-3, rtol=0)
+    got = data.normalize(xv[None], folders.mean, folders.std)[0].mean(dim=(1, 2))
+    torch.testing.assert_close(got, expected.float(), atol=1e-6, rtol=0)
     small = data.load_image_dataset("imagenet", root=isolated / "data" / "imagenet", image_size=32,
                                     resize=40)
     assert small.train[0][0].shape == (3, 32, 32)

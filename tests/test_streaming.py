@@ -21,9 +21,9 @@ def folders(tmp_path_factory):
     root = data.write_image_folders(ds, tmp_path_factory.mktemp("f") / "synthetic")
     from torchvision import datasets
 
-    train_tf, val_tf = data.folder_transforms(16, 18, ds.mean, ds.std)
+    train_tf, val_tf = data.folder_transforms(16, 18)
     return data.ImageFolders(datasets.ImageFolder(root / "train", train_tf),
-                             datasets.ImageFolder(root / "val", val_tf)), ds
+                             datasets.ImageFolder(root / "val", val_tf), ds.mean, ds.std), ds
 
 
 CFG = TrainConfig(dataset="cifar10_folder", model="resnet20", width=0.25, image_size=16,
@@ -101,8 +101,60 @@ def test_standin_streams_real_cifar_through_the_imagenet_pipeline():
         pytest.skip("CIFAR-10 not available locally (set LOCALSGD_DATA); CI provides it")
     assert len(f.classes) == 10 and len(f.train) == 20 and len(f.val) == 10
     x, y = f.train[0]
-    assert x.shape == (3, 24, 24) and x.dtype == torch.float32 and 0 <= y < 10
-    assert f.val[0][0].shape == (3, 24, 24)
+    # uint8 from the loader, normalized on the device with CIFAR-10's own statistics
+    assert x.shape == (3, 24, 24) and x.dtype == torch.uint8 and 0 <= y < 10
+    assert f.val[0][0].shape == (3, 24, 24) and f.mean == load_cifar_stats()[0]
+
+
+def load_cifar_stats():
+    ds = data.load_cifar("cifar10")
+    return ds.mean, ds.std
+
+
+# The paper's ImageNet configuration (Fig. 8, notebooks/params/fig08_imagenet/paper.yaml): 224 px,
+# K = 30, B_loc = 128, 8 loader workers. Before, one loader batch was K·B_loc float32 images
+# (3,840 x 602 KB = 2.3 GB) and 8 workers x prefetch 4 held 32 of them (74 GB of shared memory).
+PAPER = TrainConfig(dataset="cifar10_folder", model="resnet50", image_size=224, world_size=30,
+                    local_batch=128, loader_workers=8, eval_batch=1000)
+IN_FLIGHT_BOUND = 512 * 2**20  # bytes of loader batches in flight, all workers together
+
+
+def test_paper_loader_batches_fit_host_memory():
+    """One real loader batch of Figure 8's paper configuration, on the CIFAR stand-in at 224 px
+    (no ImageNet here; the loader cannot tell: same transforms, same sizes): its host bytes are
+    measured, and the in-flight total (workers x prefetch x batch) is bounded."""
+    from localsgd.train import _StreamedBatches
+
+    try:
+        f = data.standin_folders("cifar10", 256, 64, image_size=224)
+    except FileNotFoundError:
+        pytest.skip("CIFAR-10 not available locally (set LOCALSGD_DATA); CI provides it")
+    cfg = dataclasses.replace(PAPER, loader_workers=2)  # two cores here; the bound uses 8
+    source = _StreamedBatches(f, cfg, torch.device("cpu"))
+    k, b = PAPER.world_size, PAPER.local_batch
+    parts = torch.randint(0, 256, (k, b), generator=torch.Generator().manual_seed(0))
+    # the replica engine's view (all 30 workers in one process): 30 loader batches of B_loc
+    plan = [parts[w].tolist() for w in range(k)]
+    loader = source.loader(data.SeededItems(f.train, 0, 0), plan)
+    it = iter(loader)
+    x, y = next(it)
+    batch_bytes = x.untyped_storage().nbytes() + y.untyped_storage().nbytes()
+    assert x.shape == (b, 3, 224, 224) and x.dtype == torch.uint8
+    assert batch_bytes == b * 3 * 224 * 224 + b * 8  # 19.3 MB: one worker's uint8 images
+    in_flight = PAPER.loader_workers * source.PREFETCH * batch_bytes
+    assert loader.prefetch_factor == source.PREFETCH and in_flight <= IN_FLIGHT_BOUND, in_flight
+    del it
+    # the training loop's call: one normalized float32 batch per worker of this process
+    out = source.batches(parts, 0, 0, [0, 1], [torch.Generator()] * 2, b)
+    assert [tuple(o[0].shape) for o in out] == [(b, 3, 224, 224)] * 2
+    assert out[0][0].dtype == torch.float32 and torch.equal(out[0][1], y)
+    expected = data.normalize(x, f.mean, f.std)  # seeded per image: the same crops again
+    assert torch.equal(out[0][0], expected)
+    # evaluation: 1,000 images at 224 px would be 600 MB of float32 input; capped at 445
+    assert source.eval_batch_size() == 445
+    assert source.eval_batch_size() * 3 * 224 * 224 * 4 <= source.EVAL_BATCH_BYTES
+    small = _StreamedBatches(f, dataclasses.replace(cfg, image_size=32), torch.device("cpu"))
+    assert small.eval_batch_size() == 1000  # no cap at CIFAR's size
 
 
 def test_config_errors():

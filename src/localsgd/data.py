@@ -11,6 +11,7 @@ and ImageNet, §4.1) · the per-epoch data partition of §4.2.1 · batched augme
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import os
@@ -674,10 +675,14 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class ImageFolders(NamedTuple):
     """A train/val pair of ``torchvision.datasets.ImageFolder`` data sets (or class-balanced
-    ``Subset``s of them), streamed from disk by `localsgd.train` through ``DataLoader`` workers."""
+    ``Subset``s of them), streamed from disk by `localsgd.train` through ``DataLoader`` workers.
+    Items are uint8 ``[3, H, W]`` tensors (`folder_transforms`); the training loop normalizes
+    them with ``mean``/``std`` on its device, so a loader batch holds a quarter of the bytes."""
 
     train: Any
     val: Any
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
 
     @property
     def classes(self) -> list[str]:
@@ -685,26 +690,30 @@ class ImageFolders(NamedTuple):
         return list(base.classes)
 
 
-def folder_transforms(image_size: int, resize: int, mean: Any, std: Any) -> tuple[Any, Any]:
+def folder_transforms(image_size: int, resize: int) -> tuple[Any, Any]:
     """The ImageNet input pipeline of §4.1 (He et al. 2016): train ``RandomResizedCrop(size)`` +
-    random horizontal flip, val ``Resize(resize)`` + ``CenterCrop(size)``; both to tensors
-    normalized per channel. The randomness draws from torch's RNG (see `SeededItems`)."""
+    random horizontal flip, val ``Resize(resize)`` + ``CenterCrop(size)``; both to uint8
+    ``[3, size, size]`` tensors. Per-channel normalization (`normalize`, the same arithmetic as
+    ``ToTensor`` + ``Normalize``) happens on the training device: loader workers, shared memory
+    and the host-to-device copy move uint8, 4x fewer bytes than float32. The randomness draws
+    from torch's RNG (see `SeededItems`)."""
     from torchvision import transforms  # deferred: torchvision is slow to import
 
     if image_size < 8 or resize < image_size:
         raise ValueError(f"image_size={image_size}, resize={resize}: need 8 <= image_size <= "
                          "resize")
-    norm = [transforms.ToTensor(), transforms.Normalize(mean, std)]
     train = transforms.Compose([transforms.RandomResizedCrop(image_size),
-                                transforms.RandomHorizontalFlip(), *norm])
-    val = transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(image_size), *norm])
+                                transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+    val = transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(image_size),
+                              transforms.PILToTensor()])
     return train, val
 
 
 def imagenet_folders(root: str | Path | None = None, *, image_size: int = 224,
                      resize: int = 256) -> ImageFolders:
     """ImageNet-1k (§4.1) as torchvision ``ImageFolder`` data sets with `folder_transforms`
-    (224 px crops, val resized to 256) normalized with ``IMAGENET_MEAN``/``_STD``.
+    (224 px crops, val resized to 256; uint8), to be normalized with ``IMAGENET_MEAN``/``_STD``
+    on the training device.
 
     Expects ``<root>/train/<wnid>/*.JPEG`` and ``<root>/val/<wnid>/*.JPEG`` (val sorted into
     class folders); ``root`` defaults to the first ``<data dir>/imagenet`` holding both, i.e.
@@ -721,13 +730,13 @@ def imagenet_folders(root: str | Path | None = None, *, image_size: int = 224,
             "sorted into class folders) and pass root=, or put it at $LOCALSGD_DATA/imagenet "
             "(set the LOCALSGD_DATA environment variable)."
         )
-    train_tf, val_tf = folder_transforms(image_size, resize, IMAGENET_MEAN, IMAGENET_STD)
+    train_tf, val_tf = folder_transforms(image_size, resize)
     train = datasets.ImageFolder(found / "train", train_tf)
     val = datasets.ImageFolder(found / "val", val_tf)
     if train.classes != val.classes:
         raise ValueError(f"{found}: train/ has {len(train.classes)} class folders, val/ has "
                          f"{len(val.classes)} (or different names); they must match")
-    return ImageFolders(train, val)
+    return ImageFolders(train, val, IMAGENET_MEAN, IMAGENET_STD)
 
 
 def write_image_folders(ds: ImageDataset, root: str | Path) -> Path:
@@ -769,9 +778,9 @@ def standin_folders(name: str = "cifar10", n_train: int | None = None, n_test: i
     root = write_image_folders(ds, cache_dir() / "folders" / f"{name}-{len(ds.train_y)}-"
                                f"{len(ds.test_y)}-{key}")
     resize = resize or round(image_size * 256 / 224)  # ImageNet's 256/224 ratio
-    train_tf, val_tf = folder_transforms(image_size, resize, ds.mean, ds.std)
+    train_tf, val_tf = folder_transforms(image_size, resize)
     return ImageFolders(datasets.ImageFolder(root / "train", train_tf),
-                        datasets.ImageFolder(root / "val", val_tf))
+                        datasets.ImageFolder(root / "val", val_tf), ds.mean, ds.std)
 
 
 def balanced_folder_subset(folders: ImageFolders, n_train: int | None, n_test: int | None,
@@ -782,7 +791,8 @@ def balanced_folder_subset(folders: ImageFolders, n_train: int | None, n_test: i
         idx = _balanced_indices(y, n, len(folder.classes), _mix_seed(seed, part))
         return folder if idx is None else torch.utils.data.Subset(folder, idx.tolist())
 
-    return ImageFolders(pick(folders.train, n_train, "train"), pick(folders.val, n_test, "test"))
+    return folders._replace(train=pick(folders.train, n_train, "train"),
+                            val=pick(folders.val, n_test, "test"))
 
 
 class SeededItems(torch.utils.data.Dataset):
@@ -857,7 +867,13 @@ def partition(n: int, world_size: int, epoch: int, seed: int) -> torch.Tensor:
 
 
 def _channels(values: Any, device: torch.device | str) -> torch.Tensor:
-    return torch.as_tensor(values, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    return _channels_cached(tuple(float(v) for v in values), torch.device(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _channels_cached(values: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    # built once per (statistics, device): on a GPU a fresh constant is a host-to-device copy
+    return torch.tensor(values, dtype=torch.float32, device=device).view(1, -1, 1, 1)
 
 
 def normalize(x_uint8: torch.Tensor, mean: Any, std: Any) -> torch.Tensor:
@@ -896,7 +912,12 @@ class Augment:
     def _draw(self, high: int, size: tuple[int, ...],
               generator: torch.Generator | None) -> torch.Tensor:
         where = generator.device if generator is not None else self.device
-        return torch.randint(0, high, size, generator=generator, device=where).to(self.device)
+        drawn = torch.randint(0, high, size, generator=generator, device=where)
+        if drawn.device.type == "cpu" and self.device.type == "cuda":
+            # a CPU worker generator keeps the stream of a CPU run (and its resume); pinned
+            # memory makes the copy asynchronous, so the draw never waits for the GPU
+            drawn = drawn.pin_memory()
+        return drawn.to(self.device, non_blocking=True)
 
     def __call__(self, x_uint8: torch.Tensor,
                  generator: torch.Generator | None = None) -> torch.Tensor:

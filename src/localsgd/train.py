@@ -399,9 +399,19 @@ class _MemoryBatches:
 
 class _StreamedBatches:
     """Mini-batches streamed from image folders (ImageNet, §4.2.2): one DataLoader per epoch
-    whose batch sampler yields, for update ``pos``, the concatenated mini-batches of this
-    process's workers from the §4.2.1 partition; images are decoded and augmented in loader
-    worker processes, seeded per image (`data.SeededItems`)."""
+    whose batch sampler yields, for update ``pos``, each of this process's workers' mini-batch
+    of the §4.2.1 partition in turn; images are decoded and augmented in loader worker
+    processes, seeded per image (`data.SeededItems`), and reach the device as uint8, where they
+    are normalized.
+
+    Host memory is bounded by construction (the paper's ImageNet: 224 px, B_loc = 128, 8 loader
+    workers): a loader batch is one worker's B_loc uint8 images (19 MB), not K·B_loc float32
+    ones (K = 30: 2.3 GB); at most ``loader_workers × PREFETCH`` of them are in flight; an
+    evaluation batch holds at most ``EVAL_BATCH_BYTES`` of float32 input (`eval_batch_size`).
+    """
+
+    PREFETCH = 2  # loader batches in flight per loader worker
+    EVAL_BATCH_BYTES = 256 * 2**20  # float32 input of one evaluation batch on the device
 
     eval_limit: int | None = None  # validation images evaluated (a dry run's bound; None: all)
 
@@ -411,37 +421,49 @@ class _StreamedBatches:
         self.test_images = len(folders.val)
         self._it, self._at = None, None  # the epoch's batch iterator and the (epoch, pos) it serves
 
-    def _loader(self, dataset: Any, batch_sampler: Any) -> torch.utils.data.DataLoader:
+    def eval_batch_size(self) -> int:
+        """``cfg.eval_batch`` capped so one batch's float32 input fits ``EVAL_BATCH_BYTES``
+        (1,000 images at 224 px would be 600 MB; the cap is 445 there, no cap at 32 px)."""
+        per_image = 3 * self.cfg.image_size ** 2 * 4
+        return max(1, min(self.cfg.eval_batch, self.EVAL_BATCH_BYTES // per_image))
+
+    def loader(self, dataset: Any, batch_sampler: Any) -> torch.utils.data.DataLoader:
         workers = self.cfg.loader_workers
         return torch.utils.data.DataLoader(
             dataset, batch_sampler=batch_sampler, num_workers=workers,
             pin_memory=self.device.type == "cuda", persistent_workers=False,
-            prefetch_factor=4 if workers else None)
+            prefetch_factor=self.PREFETCH if workers else None)
+
+    def _normalized(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.device, non_blocking=True)
+        return data_mod.normalize(x, self.folders.mean, self.folders.std)
 
     def batches(self, parts: torch.Tensor, epoch: int, pos: int, ranks: list[int],
                 generators: list[torch.Generator], b: int) -> list[tuple[torch.Tensor, ...]]:
         if self._at != (epoch, pos):  # a new epoch, or a resumed run: start where we are
             rows = parts[ranks]
-            plan = [rows[:, p * b:(p + 1) * b].reshape(-1).tolist()
-                    for p in range(pos, rows.shape[1] // b)]
-            self._it = iter(self._loader(data_mod.SeededItems(self.folders.train, self.cfg.seed,
-                                                               epoch), plan))
-        x, y = next(self._it)
+            plan = [rows[w, p * b:(p + 1) * b].tolist()
+                    for p in range(pos, rows.shape[1] // b) for w in range(len(ranks))]
+            self._it = iter(self.loader(data_mod.SeededItems(self.folders.train, self.cfg.seed,
+                                                              epoch), plan))
+        out = []
+        for _ in ranks:
+            x, y = next(self._it)
+            out.append((self._normalized(x), y.to(self.device, non_blocking=True)))
         self._at = (epoch, pos + 1)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        return [(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]) for i in range(len(ranks))]
+        return out
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> tuple[float, float]:
         model.eval()
         dtype = next(model.parameters()).dtype
-        n, e = len(self.folders.val), self.cfg.eval_batch
+        n, e = len(self.folders.val), self.eval_batch_size()
         n = min(n, self.eval_limit or n)
-        loader = self._loader(self.folders.val, [list(range(i, min(i + e, n)))
-                                                 for i in range(0, n, e)])
+        loader = self.loader(self.folders.val, [list(range(i, min(i + e, n)))
+                                                for i in range(0, n, e)])
         correct, loss = 0, 0.0
         for x, y in loader:
-            out = model(x.to(self.device, dtype))
+            out = model(self._normalized(x).to(dtype))
             y = y.to(self.device)
             loss += nn.functional.cross_entropy(out.float(), y, reduction="sum").item()
             correct += int((out.argmax(1) == y).sum())

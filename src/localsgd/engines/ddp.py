@@ -293,11 +293,17 @@ class DDPEngine:
             "avg_bytes": self._avg_bytes if level is not None else 0,
             "outer": bool(action.outer),
         })
+        loss = loss.detach()
+        c = count_correct(out, y, 1) if stats is not None else None
+        if c is not None:  # one host read for the loss and the hits together
+            loss_value, hits = torch.stack([loss, c.to(loss.dtype)]).tolist()
+            c = int(hits)
+        else:
+            loss_value = loss.item()
         if stats is not None:
-            c = count_correct(out, y, 1)
-            stats["correct"] = [None if c is None else int(c)]
+            stats["correct"] = [c]
             stats["compute_seconds"] = [compute]
-        return [float(loss.detach())], action
+        return [loss_value], action
 
     @torch.no_grad()
     def averaged_model(self) -> nn.Module:
