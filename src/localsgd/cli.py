@@ -54,6 +54,10 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
                    "updates per run (full-size models, the real K, B_loc, H and schedule; 2 "
                    "samples per worker and update, a 16-image evaluation) through the notebooks' "
                    "plots and claims; nothing cached, nothing written to figures/")
+    r.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                   help="also record where each notebook's time goes (kernel start, imports, "
+                   "data, model compute, engine, evaluation, saving, other) and write the table "
+                   "to FILE (markdown); start from an empty results cache to profile training")
     r.add_argument("--gpu", default=None,
                    help="with --plan: the GPU whose (estimated) throughput prices the plan")
 
@@ -236,6 +240,22 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path) -> in
     return 0
 
 
+def _write_profile(args: argparse.Namespace, results: list, probe_s: float | None) -> Path:
+    """``reproduce --profile FILE``: the phase table with the machine, commit and command."""
+    import datetime
+
+    from localsgd import profile, results as results_mod
+
+    rows = [r.phases for r in results if r.phases is not None]
+    state = results_mod.git_state()
+    head = (f"Measured {datetime.date.today()} on {speed.cpu_model()} "
+            f"({os.cpu_count()} cores{f', probe {probe_s:.3f} s' if probe_s else ''}), commit "
+            f"{str(state.get('commit', '?'))[:7]}, mode {args.mode}: `localsgd reproduce --mode "
+            f"{args.mode} --profile {args.profile}`. Seconds of wall time; phases are defined in "
+            "`src/localsgd/profile.py`.\n\n")
+    return results_mod.write_text(args.profile, head + profile.table(rows))
+
+
 def _reproduce(args: argparse.Namespace) -> int:
     from localsgd import reproduce as h  # deferred: nbformat takes seconds to import
 
@@ -266,8 +286,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         est = speed.estimate(reference, [s.id for s in specs], probe_s)
         print(est.format() if est else f"no {reference}: no time estimate", flush=True)
     results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
-                    cwd=args.notebooks.resolve().parent, kernel=args.kernel)
+                    cwd=args.notebooks.resolve().parent, kernel=args.kernel,
+                    profiled=args.profile is not None)
     print(h.summary_table(results))
+    if args.profile is not None:
+        print(f"profile: {_write_profile(args, results, probe_s)}")
     every = {s.id for s in specs} == set(h.discover(args.notebooks))
     if (probe_s is not None and every and out_dir == reference.parent.resolve()
             and all(r.status == "ok" for r in results)):

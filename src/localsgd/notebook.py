@@ -348,10 +348,15 @@ class Session:
 
         from localsgd import results
 
+        from localsgd import profile
+
         if isinstance(compare, list):
             compare = pd.DataFrame(compare) if compare else None
-        return results.save_figure(
+        t0 = self._clock()
+        written = results.save_figure(
             fig_id, fig, data, out_dir=self.P.out_dir,
             params=self.P.as_dict(seeds=self.seeds, **extra), mode=self.P.mode,
             scale=self.scale, seed=getattr(self.P, "seed", None),
-            wall_seconds=self._clock() - self.t0, compare=compare)
+            wall_seconds=t0 - self.t0, compare=compare)
+        profile.record("save", figure=fig_id, seconds=self._clock() - t0)
+        return written

@@ -20,6 +20,8 @@ import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
+from localsgd import profile as profile_mod
+
 MODES = ("smoke", "quick", "paper")
 # Injected by the harness into every notebook; YAML files must not set them.
 RESERVED = ("mode", "out_dir")
@@ -49,6 +51,7 @@ class RunResult:
     seconds: float
     files: list[str] = field(default_factory=list)
     error: str = ""
+    phases: dict[str, Any] | None = None  # `localsgd.profile.notebook_row` when profiled
 
 
 def parameters_cell_names(nb_path: Path) -> dict[str, Any]:
@@ -153,9 +156,10 @@ def cell_timeout() -> float | None:
 
 def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Path,
                  cwd: Path, kernel: str = "python3",
-                 overrides: dict[str, Any] | None = None) -> RunResult:
+                 overrides: dict[str, Any] | None = None, profiled: bool = False) -> RunResult:
     """Execute one notebook with papermill; a failure is recorded, never raised. ``overrides``
-    set parameters the notebook defines (others are ignored), e.g. a dry run's device."""
+    set parameters the notebook defines (others are ignored), e.g. a dry run's device;
+    ``profiled`` collects where its time went (`localsgd.profile`) into ``RunResult.phases``."""
     import papermill as pm  # deferred: a slow import, needed only to execute a notebook
 
     extra = {k: v for k, v in (overrides or {}).items() if k in spec.defined}
@@ -163,6 +167,10 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     executed = build_dir / f"{spec.id}.{mode}.ipynb"
     build_dir.mkdir(parents=True, exist_ok=True)
     before = _snapshot(out_dir)
+    events = build_dir / f"{spec.id}.{mode}.profile.jsonl"
+    if profiled:  # the kernel and its torchrun workers inherit the variable
+        events.unlink(missing_ok=True)
+        os.environ[profile_mod.ENV] = str(events)
     t0 = time.perf_counter()
     status, error = "ok", ""
     try:
@@ -178,22 +186,27 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
                  f"cell index {exc.cell_index} of {executed} raised {exc.ename}: {exc.evalue}")
     except Exception as exc:  # noqa: BLE001 - a dead kernel or bad JSON must not stop the rest
         status, error = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        if profiled:
+            os.environ.pop(profile_mod.ENV, None)
     seconds = time.perf_counter() - t0
     after = _snapshot(out_dir)
     files = sorted(str(p.relative_to(out_dir)) for p, m in after.items() if before.get(p) != m)
-    return RunResult(spec.id, mode, status, seconds, files, error)
+    phases = (profile_mod.notebook_row(spec.id, seconds, executed,
+                                       profile_mod.read_events(events)) if profiled else None)
+    return RunResult(spec.id, mode, status, seconds, files, error, phases)
 
 
 def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path, cwd: Path,
         kernel: str = "python3", progress: bool = True,
-        overrides: dict[str, Any] | None = None) -> list[RunResult]:
+        overrides: dict[str, Any] | None = None, profiled: bool = False) -> list[RunResult]:
     """Run every planned notebook in order, with a progress bar; failures do not stop the rest."""
     results = []
     bar = tqdm(specs, desc=f"notebooks ({mode})", unit="nb", disable=not progress)
     for spec in bar:
         bar.set_postfix_str(spec.id)
         results.append(run_notebook(spec, mode, out_dir=out_dir, build_dir=build_dir, cwd=cwd,
-                                    kernel=kernel, overrides=overrides))
+                                    kernel=kernel, overrides=overrides, profiled=profiled))
     return results
 
 

@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import device as device_rule
-from localsgd import dry_run, numerics, results
+from localsgd import dry_run, numerics, profile, results
 from localsgd import memory as memory_mod
 from localsgd import models as models_mod
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
@@ -585,6 +585,7 @@ def train(
     per_rank = RankCheckpoints(checkpoint_path, engine) if multi and checkpoint_path else None
 
     records: list[dict] = []
+    phases = dict.fromkeys(profile.TRAIN_PHASES, 0.0)  # `localsgd reproduce --profile`
     tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels,
                   step_seconds=[[] for _ in ranks])
     state = None
@@ -608,7 +609,9 @@ def train(
             save_checkpoint(checkpoint_path, snapshot())
 
     def record(t: int) -> None:
+        t_eval = time.perf_counter()
         acc, loss = source.evaluate(engine.averaged_model())
+        phases["evaluate"] += time.perf_counter() - t_eval
         # the median worker of every step (mean of the middle two for even K), as if the K
         # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
         per_worker = [w for proc in engine.all_gather_object(tot.step_seconds) for w in proc]
@@ -637,6 +640,8 @@ def train(
     bar = tqdm(total=total, initial=engine.t, disable=not progress or ranks[0] != 0, leave=False,
                desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}",
                mininterval=2.0)  # a refresh is an output line in an executed notebook
+    t_loop, t0_updates = time.perf_counter(), engine.t
+    phases["setup"] = t_loop - t_start
     with _deferred_interrupt() as interrupt:
         try:
             while engine.t < total:
@@ -650,13 +655,18 @@ def train(
                            source.batches(parts, epoch, pos, ranks, engine.generators, b)]
                 if dry is not None:
                     batches = [(x[:dry_run.BATCH], y[:dry_run.BATCH]) for x, y in batches]
-                tot.data_seconds += time.perf_counter() - t0
+                t1 = time.perf_counter()
+                tot.data_seconds += t1 - t0
+                phases["data"] += t1 - t0
                 stats: dict = {}
                 # bf16 autocast around the whole step: it only changes the forward's matmuls and
                 # convolutions (backward follows their dtypes; SGD and averaging stay float32)
                 with numerics.autocast(cfg.precision, device):
                     losses, action = engine.step(batches, nn.functional.cross_entropy,
                                                  stats=stats)
+                step_s = time.perf_counter() - t1
+                phases["compute"] += sum(stats["compute_seconds"])
+                phases["engine"] += step_s - sum(stats["compute_seconds"])
                 for times, seconds in zip(tot.step_seconds, stats["compute_seconds"], strict=True):
                     times.append(seconds)
                 tot.loss_sum += sum(losses) * b
@@ -694,6 +704,12 @@ def train(
             raise
         finally:
             bar.close()
+            if profile.enabled():
+                phases["loop"] = (time.perf_counter() - t_loop
+                                  - sum(phases[p] for p in ("data", "compute", "engine",
+                                                            "evaluate")))
+                profile.record("train", first_rank=ranks[0], torchrun=multi, updates=engine.t - t0_updates,
+                               model=cfg.model, world_size=k, **phases)
     df = pd.DataFrame(records)
     clash = set(df.columns) & set(cfg.to_dict())
     assert not clash, f"record columns {clash} would be overwritten by config fields"

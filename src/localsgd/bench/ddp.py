@@ -62,6 +62,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from localsgd import profile
 from localsgd.bench.common import machine
 from localsgd.distributed import spawn
 from localsgd.models import FFNStack
@@ -434,6 +435,8 @@ def run(cfg: BenchConfig | None = None, *, timeout: float = 600.0, **overrides) 
         "inductor_cache": "fresh temporary folder for this call, removed afterwards",
         "wall_s": round(time.perf_counter() - t_start, 2),
     }
+    profile.record("launch", seconds=time.perf_counter() - t_start, workers=max(cfg.world_sizes),
+                   compile=float(summary["compile_s"].sum()) if len(summary) else 0.0)
     return BenchResult(steps, pd.DataFrame(events), summary, meta)
 
 

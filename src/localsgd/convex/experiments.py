@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from localsgd import profile
 from localsgd.convex.gridsearch import grid_search
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar
 from localsgd.convex.simulator import FAMILIES, TorchProblem, simulate
@@ -64,6 +65,7 @@ def time_units(steps: float, B_loc: int, rounds: Sequence[int], group_sizes: Seq
     return steps * B_loc + comm
 
 
+@profile.timed("convex")
 def stopping_target(problem: LogisticProblem, fstar_source: str = "paper",
                     epsilon: float = EPSILON) -> tuple[float, float]:
     """(target f value, f* used). ``fstar_source``: "paper" uses Appendix E's printed f*
@@ -149,6 +151,7 @@ def run_configs(tp: TorchProblem, configs: Sequence[Config], seeds: Sequence[int
     return pd.DataFrame(rows)
 
 
+@profile.timed("convex")
 def load_w8a_problem(dtype=None) -> tuple[LogisticProblem, TorchProblem]:
     """w8a as the Appendix E problem (λ = 1/n) and its torch twin (float32 SGD state by
     default, see ``simulator``'s note on precision; f is always evaluated in float64)."""
@@ -157,6 +160,7 @@ def load_w8a_problem(dtype=None) -> tuple[LogisticProblem, TorchProblem]:
     return problem, TorchProblem(problem, dtype or torch.float32)
 
 
+@profile.timed("convex")
 def fig4_table(tp: TorchProblem, *, K: int, B_locs: Sequence[int], Hs: Sequence[int],
                seeds: Sequence[int], target: float, **kw) -> pd.DataFrame:
     """Figure 4: best time per (B_loc, H) at fixed K, and time relative to the best cell."""
@@ -166,6 +170,7 @@ def fig4_table(tp: TorchProblem, *, K: int, B_locs: Sequence[int], Hs: Sequence[
     return df
 
 
+@profile.timed("convex")
 def fig5_table(tp: TorchProblem, *, Ks: Sequence[int], B_loc: int, Hs: Sequence[int],
                seeds: Sequence[int], target: float, **kw) -> pd.DataFrame:
     """Figure 5: speed-up time(K=1) / time(K, H) at fixed B_loc.

@@ -59,6 +59,7 @@ import torch.distributed as dist
 import yaml
 
 from localsgd.distributed import spawn
+from localsgd import profile
 from localsgd.experiments import claims
 from localsgd.experiments.claims import Verdict
 from localsgd.notebook import ParameterError
@@ -155,6 +156,7 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
     seconds = time.perf_counter() - t0
+    profile.record("launch", seconds=seconds, workers=workers)
     (out / "launch.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"the runner failed ({workers} processes, exit {proc.returncode}); "
