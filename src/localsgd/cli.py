@@ -244,7 +244,8 @@ def _write_profile(args: argparse.Namespace, results: list, probe_s: float | Non
     """``reproduce --profile FILE``: the phase table with the machine, commit and command."""
     import datetime
 
-    from localsgd import profile, results as results_mod
+    from localsgd import profile
+    from localsgd import results as results_mod
 
     rows = [r.phases for r in results if r.phases is not None]
     state = results_mod.git_state()

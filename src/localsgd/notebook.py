@@ -346,9 +346,7 @@ class Session:
         ``compare`` may be a list of `claims.claim_row` dicts or a DataFrame."""
         import pandas as pd
 
-        from localsgd import results
-
-        from localsgd import profile
+        from localsgd import profile, results
 
         if isinstance(compare, list):
             compare = pd.DataFrame(compare) if compare else None

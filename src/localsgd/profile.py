@@ -92,7 +92,7 @@ def read_events(path: Path) -> list[dict]:
 def _epoch(stamp: str | None) -> float | None:
     if not stamp:
         return None
-    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return datetime.datetime.fromisoformat(stamp).timestamp()  # Python >= 3.11 reads "Z"
 
 
 def cell_seconds(executed: Path) -> tuple[list[float], tuple[float, float] | None]:

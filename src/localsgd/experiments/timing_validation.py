@@ -58,8 +58,8 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from localsgd.distributed import spawn
 from localsgd import profile
+from localsgd.distributed import spawn
 from localsgd.experiments import claims
 from localsgd.experiments.claims import Verdict
 from localsgd.notebook import ParameterError
