@@ -42,13 +42,13 @@ def test_paper_configuration_runs_dry(nb_id, tmp_path, monkeypatch):
     results = paths.cache_dir() / "results"
     before = set(results.glob("*")) if results.exists() else set()
     out = tmp_path / "out"
-    code = main(["reproduce", "--mode", "paper", "--dry-run", "1", "--only", nb_id,
+    code = main(["reproduce", "--mode", "paper", "--dry-run", "2", "--only", nb_id,
                  "--out-dir", str(out), "--build-dir", str(tmp_path / "build")])
     assert code == 0
     side = json.loads((out / f"{nb_id}.json").read_text())
-    assert side["mode"] == "paper" and side["dry_run_updates"] == 1  # labelled as a dry run
+    assert side["mode"] == "paper" and side["dry_run_updates"] == 2  # labelled as a dry run
     after = set(results.glob("*")) if results.exists() else set()
     assert after == before  # nothing cached
     data = pd.read_csv(out / f"{nb_id}.csv")
-    if "step" in data.columns and "local_steps" in data.columns:  # trained runs: 1 update each
-        assert set(data.step.dropna()) <= {1}
+    if "step" in data.columns and "local_steps" in data.columns:  # trained runs: 2 updates each
+        assert set(data.step.dropna()) <= {2}
