@@ -83,7 +83,7 @@ def test_folder_helpers_live_in_paths():
 # ---------------------------------------------------------------------------------- real CIFAR-10
 @pytest.mark.skipif(SHARED_CIFAR10 is None,
                     reason="no CIFAR-10 copy in $LOCALSGD_DATA (CI sets it to the shared data)")
-def test_real_cifar10_loads_validates_and_caches():
+def test_real_cifar10_loads_validates_and_caches(slowdown):
     # one test on purpose: the first load decodes 60,000 JPEGs (~7 s), the rest reuse it
     ds = data.load_cifar("cifar10", download=False)
     assert str(SHARED_CIFAR10) in ds.source
@@ -100,7 +100,7 @@ def test_real_cifar10_loads_validates_and_caches():
     again = data.load_cifar("cifar10", download=False)
     seconds = time.perf_counter() - start
     assert "decoded cache" in again.source
-    assert seconds < 2.0, f"cached load took {seconds:.2f} s (typically ~0.15 s)"
+    assert seconds < 2.0 * slowdown, f"cached load took {seconds:.2f} s (typically ~0.15 s)"
     assert torch.equal(again.train_x, ds.train_x) and torch.equal(again.test_y, ds.test_y)
     assert again.mean == ds.mean and again.classes == ds.classes
 

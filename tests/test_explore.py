@@ -47,14 +47,15 @@ def test_all_extremes_together_and_the_schedules_offered():
     assert set(df.scheme) == {"sync", "local H=2"}
 
 
-def test_redraw_is_fast_and_free_communication_does_not_beat_sync():
+def test_redraw_is_fast_and_free_communication_does_not_beat_sync(slowdown):
     explore.chart(**BLOG)  # warm caches (schedule plans, fonts)
     t0 = time.perf_counter()
     fig, df, _ = explore.chart(**BLOG)
     fig.canvas.draw()
     total = time.perf_counter() - t0
     plt.close(fig)
-    assert total < 2.0, total  # ~0.3-0.5 s idle; generous for a loaded 2-core machine
+    # ~0.3-0.5 s idle; the bound moves with this machine's measured speed (conftest.slowdown)
+    assert total < 2.0 * slowdown, (total, slowdown)
     calm = explore.predict(**{**BLOG, "straggler_rate": 0.0, "inter_gbps": 1e6,
                               "intra_gbps": 1e6, "latency_s": 0.0, "rates": ()})
     assert calm.speedup.max() == pytest.approx(1.0)

@@ -75,7 +75,7 @@ def test_random_stragglers_are_absorbed_inside_periods():
     assert (hier < df.loc["local:8", "speedup"]).all()
 
 
-def test_blog_256_workers_1000_steps_is_fast():
+def test_blog_256_workers_1000_steps_is_fast(slowdown):
     cl = Cluster(gpus_per_node=4, inter_gbps=32.0)
     simulate(BLOG_256, workers=256, steps=50, cluster=cl, stragglers=Stragglers(1.0, 0.01))
     times = []
@@ -83,8 +83,8 @@ def test_blog_256_workers_1000_steps_is_fast():
         t0 = time.perf_counter()
         simulate(BLOG_256, workers=256, steps=1000, cluster=cl, stragglers=Stragglers(1.0, 0.01))
         times.append(time.perf_counter() - t0)
-    # the issue's budget is 2 s on an idle machine; this box is shared by five agents
-    assert min(times) < 2.0, times
+    # the issue's budget is 2 s on an idle machine of the committed figures' speed
+    assert min(times) < 2.0 * slowdown, (times, slowdown)
 
 
 def test_runner_stalls_are_the_runners_draws():
