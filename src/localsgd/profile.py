@@ -10,8 +10,9 @@ time into one row of phases:
 * ``imports``: the notebook's first code cell after its parameters (``notebook.params``, torch,
   the package, plotting libraries) less the training, launches and saving inside it;
 * ``launch``: multi-process launches (torchrun in `experiments.timing_validation.launch`,
-  spawned workers in `bench.ddp.run`) less their rank-0 training and compilation: process
-  start-up, imports, rendezvous, and the benchmark's own timed steps;
+  spawned workers in `bench.ddp.run` and `experiments.timing_validation.queue_experiment`)
+  less their rank-0 training and compilation: process start-up, imports, rendezvous, and the
+  benchmark's or queue test's own timed steps;
 * ``compile``: ``torch.compile`` time those launches report (the first compiled step);
 * training, from `train` (in-process runs, plus rank 0 of each torchrun world): ``setup`` (data
   set load, engine build), ``data`` (batches: indexing, augmentation, loader waits),

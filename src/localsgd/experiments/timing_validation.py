@@ -513,8 +513,10 @@ def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0
     ``calib`` run (local SGD H = 1, Q = 1): mean compute op and median all-reduce op; the model
     is `simulate` with ``queue_steps`` = Q for the averaging scheme, 1 for the baseline, the same
     stall draws (``runner_stalls``), nothing overlapped (``grad_overlap=0``)."""
+    t0 = time.perf_counter()
     res = spawn(_queue_worker, workers, list(schemes), steps, compute_ms, stall_s, rate, seed,
                 model_mb, timeout=600)
+    profile.record("launch", seconds=time.perf_counter() - t0, workers=workers)
     rows = [r for per_rank in res for r in per_rank]
     df = pd.DataFrame(rows)
     calib = df[df.scheme == "calib"]
