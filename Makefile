@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODE ?= quick
+# notebooks at once: quick mode runs the ones that measure no time two at a time, one thread
+# each (docs/profile.md: 1.3-1.4x the throughput of one two-thread process on two cores)
+JOBS ?= $(if $(filter quick,$(MODE)),2,1)
 
 .PHONY: reproduce test lab
 PORT ?= 8888
@@ -17,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 reproduce: $(STAMP)
-	$(BIN)/localsgd reproduce --mode $(MODE)
+	$(BIN)/localsgd reproduce --mode $(MODE) --jobs $(JOBS)
 
 # two xdist workers on two cores: one OpenMP thread each avoids oversubscription
 test: $(STAMP)

@@ -214,3 +214,30 @@ def test_list_shows_ids_and_modes(tmp_path, capsys):
     listing = capsys.readouterr().out
     for nb_id in IDS:
         assert nb_id in listing
+
+
+STAMP = ("import json, os, time\nfrom pathlib import Path\nstart = time.time()\n"
+         "time.sleep(4)\nPath(out_dir).mkdir(parents=True, exist_ok=True)\n"
+         "Path(out_dir, '{name}.json').write_text(json.dumps({{'start': start, "
+         "'end': time.time(), 'omp': os.environ.get('OMP_NUM_THREADS')}}))\n")
+
+
+def test_jobs_run_untimed_notebooks_together_and_timed_ones_alone(tmp_path, monkeypatch):
+    """--jobs 2: the two untimed notebooks overlap in time, with cpu_count // 2 threads each;
+    the timed one runs alone first with the harness's own threads; results in plan order and
+    each notebook's files are its own."""
+    for name in ("a_untimed", "b_untimed", "c_timed"):
+        _toy(tmp_path, name, STAMP.format(name=name))
+    monkeypatch.setattr(h, "TIMED", frozenset({"c_timed"}))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    specs = h.plan(tmp_path / "notebooks", "smoke")
+    out = tmp_path / "out"
+    results = h.run(specs, "smoke", out_dir=out, build_dir=tmp_path / "build", cwd=tmp_path,
+                    progress=False, jobs=2, expected={"a_untimed": 9.0, "b_untimed": 5.0})
+    assert [r.id for r in results] == ["a_untimed", "b_untimed", "c_timed"]
+    assert all(r.status == "ok" for r in results), [r.error for r in results]
+    assert [r.files for r in results] == [[f"{r.id}.json"] for r in results]
+    a, b, c = (json.loads((out / f"{r.id}.json").read_text()) for r in results)
+    assert a["start"] < b["end"] and b["start"] < a["end"], "the untimed ones did not overlap"
+    assert c["end"] < min(a["start"], b["start"]), "the timed one did not run alone first"
+    assert a["omp"] == b["omp"] == str(h.job_threads(2)) and c["omp"] is None

@@ -23,6 +23,20 @@ def test_estimate_scales_the_committed_times_by_the_probe_ratio(tmp_path):
     assert speed.estimate(tmp_path / "absent.json", ["fig04"], 1.0) is None
 
 
+def test_estimate_with_jobs_runs_timed_notebooks_alone_and_the_rest_together(tmp_path):
+    assert speed.makespan([100.0, 60.0, 50.0], 2) == 110.0  # 100 | 60 + 50
+    assert speed.makespan([100.0, 60.0, 50.0], 1) == 210.0
+    ref = speed.write_reference(tmp_path / speed.SPEED_FILE, 2.0,
+                                {"a": 100.0, "b": 60.0, "c": 50.0, "t": 30.0},
+                                jobs=2, wall_seconds=150.0)
+    assert json.loads(ref.read_text())["jobs"] == 2
+    est = speed.estimate(ref, ["a", "b", "c", "t"], 1.0, jobs=2, timed={"t"})
+    assert est.seconds == pytest.approx(0.5 * (30.0 + 110.0))  # probe here: half the reference's
+    assert "2 notebooks at once" in est.format() and "rougher" not in est.format()
+    serial = speed.estimate(ref, ["a", "b", "c", "t"], 1.0, timed={"t"})
+    assert serial.seconds == pytest.approx(0.5 * 240.0) and "rougher" in serial.format()
+
+
 def test_probe_times_a_real_workload():
     seconds = speed.probe(repeats=1)
     assert 0.0 < seconds < 60.0

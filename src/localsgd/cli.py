@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,10 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
                    help="also record where each notebook's time goes (kernel start, imports, "
                    "data, model compute, engine, evaluation, saving, other) and write the table "
                    "to FILE (markdown); start from an empty results cache to profile training")
+    r.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="notebooks at once (default 1). With N > 1 the notebooks that measure "
+                   "time run alone first, the others N at a time with cpu_count/N threads each "
+                   "(make reproduce: 2 in quick mode)")
     r.add_argument("--gpu", default=None,
                    help="with --plan: the GPU whose (estimated) throughput prices the plan")
 
@@ -280,15 +285,22 @@ def _reproduce(args: argparse.Namespace) -> int:
     reference = args.notebooks.resolve().parent / "figures" / speed.SPEED_FILE
     if args.dry_run is not None:
         return _dry_run(args, h, specs, reference.parent)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: must be at least 1")
     out_dir = (args.out_dir or reference.parent).resolve()
-    probe_s = None
+    probe_s, committed = None, {}
+    if reference.is_file():
+        committed = json.loads(reference.read_text()).get("notebook_seconds", {})
     if args.mode == "quick":  # smoke runs take seconds: no estimate
         probe_s = speed.probe()
-        est = speed.estimate(reference, [s.id for s in specs], probe_s)
+        est = speed.estimate(reference, [s.id for s in specs], probe_s, jobs=args.jobs,
+                             timed=h.TIMED)
         print(est.format() if est else f"no {reference}: no time estimate", flush=True)
+    t0 = time.perf_counter()
     results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
                     cwd=args.notebooks.resolve().parent, kernel=args.kernel,
-                    profiled=args.profile is not None)
+                    profiled=args.profile is not None, jobs=args.jobs, expected=committed)
+    wall = time.perf_counter() - t0
     print(h.summary_table(results))
     if args.profile is not None:
         print(f"profile: {_write_profile(args, results, probe_s)}")
@@ -296,7 +308,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     if (probe_s is not None and every and out_dir == reference.parent.resolve()
             and all(r.status == "ok" for r in results)):
         # the committed figures' machine: the reference the next estimate scales from
-        speed.write_reference(reference, probe_s, {r.id: round(r.seconds, 1) for r in results})
+        speed.write_reference(reference, probe_s, {r.id: round(r.seconds, 1) for r in results},
+                              jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
     if not args.no_report and papers.is_dir():
         print(f"report: {write_report(papers, out_dir)}")

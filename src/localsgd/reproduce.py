@@ -23,6 +23,12 @@ from tqdm.auto import tqdm
 from localsgd import profile as profile_mod
 
 MODES = ("smoke", "quick", "paper")
+# Notebooks whose results are measured times (time axes from measured compute, timed launches,
+# step-time benchmarks): under ``--jobs`` they still run one at a time with every core, since
+# a notebook running beside them would slow them unevenly (two vCPUs are often one core's
+# hyper-threads). The others report accuracies, step counts or modelled times.
+TIMED = frozenset({"dynamo_ddp", "timing_validation", "slowmo", "fig06_cifar10_local_sgd",
+                   "fig07_scaling", "fig08_imagenet", "fig09_hierarchical"})
 # Injected by the harness into every notebook; YAML files must not set them.
 RESERVED = ("mode", "out_dir")
 
@@ -191,7 +197,9 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
             os.environ.pop(profile_mod.ENV, None)
     seconds = time.perf_counter() - t0
     after = _snapshot(out_dir)
-    files = sorted(str(p.relative_to(out_dir)) for p, m in after.items() if before.get(p) != m)
+    # a notebook writes <id>.<ext> files; the name check keeps out a concurrent notebook's
+    files = sorted(str(p.relative_to(out_dir)) for p, m in after.items()
+                   if before.get(p) != m and p.name.startswith(f"{spec.id}."))
     phases = (profile_mod.notebook_row(spec.id, seconds, executed,
                                        profile_mod.read_events(events)) if profiled else None)
     return RunResult(spec.id, mode, status, seconds, files, error, phases)
@@ -199,15 +207,59 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
 
 def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path, cwd: Path,
         kernel: str = "python3", progress: bool = True,
-        overrides: dict[str, Any] | None = None, profiled: bool = False) -> list[RunResult]:
-    """Run every planned notebook in order, with a progress bar; failures do not stop the rest."""
-    results = []
-    bar = tqdm(specs, desc=f"notebooks ({mode})", unit="nb", disable=not progress)
-    for spec in bar:
+        overrides: dict[str, Any] | None = None, profiled: bool = False, jobs: int = 1,
+        expected: dict[str, float] | None = None) -> list[RunResult]:
+    """Run every planned notebook, with a progress bar; failures do not stop the rest.
+
+    ``jobs`` = 1 runs them in order. ``jobs`` > 1 runs the `TIMED` ones first, one at a time
+    with every core, then the others ``jobs`` at a time, longest first by ``expected`` seconds
+    (the committed ones), each kernel with ``cpu_count // jobs`` threads (`job_threads`): the
+    same command always gives a notebook the same thread count, so its float32 results stay
+    bitwise reproducible on one machine (they differ from a run with another thread count at
+    round-off level). Results come back in ``specs`` order.
+    """
+    kwargs = {"mode": mode, "out_dir": out_dir, "build_dir": build_dir, "cwd": cwd,
+              "kernel": kernel, "overrides": overrides, "profiled": profiled}
+    bar = tqdm(total=len(specs), desc=f"notebooks ({mode})", unit="nb", disable=not progress)
+    done: dict[str, RunResult] = {}
+    serial = specs if jobs <= 1 else [s for s in specs if s.id in TIMED]
+    for spec in serial:
         bar.set_postfix_str(spec.id)
-        results.append(run_notebook(spec, mode, out_dir=out_dir, build_dir=build_dir, cwd=cwd,
-                                    kernel=kernel, overrides=overrides, profiled=profiled))
-    return results
+        done[spec.id] = run_notebook(spec, **kwargs)
+        bar.update()
+    pooled = sorted((s for s in specs if s.id not in done),
+                    key=lambda s: -(expected or {}).get(s.id, 0.0))
+    if pooled:
+        import concurrent.futures as cf
+        import multiprocessing
+
+        threads = job_threads(jobs)
+        with cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
+            futures = {ex.submit(_run_with_threads, threads, spec, kwargs): spec
+                       for spec in pooled}
+            for future in cf.as_completed(futures):
+                spec = futures[future]
+                try:
+                    done[spec.id] = future.result()
+                except Exception as exc:  # noqa: BLE001 - a dead worker must not stop the rest
+                    done[spec.id] = RunResult(spec.id, mode, "failed", 0.0,
+                                              error=f"{type(exc).__name__}: {exc}")
+                bar.set_postfix_str(spec.id)
+                bar.update()
+    bar.close()
+    return [done[s.id] for s in specs]
+
+
+def job_threads(jobs: int) -> int:
+    """Torch threads per notebook kernel when ``jobs`` notebooks share this machine's CPUs."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
+def _run_with_threads(threads: int, spec: NotebookSpec, kwargs: dict[str, Any]) -> RunResult:
+    """`run_notebook` in a pool worker whose kernels (and their children) use ``threads``."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    return run_notebook(spec, **kwargs)
 
 
 def summary_table(results: list[RunResult]) -> str:

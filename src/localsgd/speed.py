@@ -70,35 +70,59 @@ class Estimate:
     factor: float  # probe here / probe on the reference machine
     reference_cpu: str
     missing: tuple[str, ...]  # planned notebooks without a committed time (not counted)
+    jobs: int = 1  # notebooks at once in the planned run
+    reference_jobs: int = 1  # ... and in the run that wrote the reference
 
     def format(self) -> str:
         minutes = self.seconds / 60
         shown = f"{minutes:.0f}" if minutes >= 10 else f"{minutes:.1f}"
         text = (f"expected time: ~{shown} min (committed per-notebook times x "
                 f"{self.factor:.2f}, this machine's speed probe against the reference "
-                f"machine's, {self.reference_cpu}; an empty results cache assumed)")
+                f"machine's, {self.reference_cpu}")
+        if self.jobs > 1:
+            text += f"; {self.jobs} notebooks at once"
+        if self.jobs != self.reference_jobs:
+            text += f" (the reference ran {self.reference_jobs} at once: a rougher estimate)"
+        text += "; an empty results cache assumed)"
         if self.missing:
             text += f"; no committed time for {', '.join(self.missing)}"
         return text
 
 
-def write_reference(path: Path, probe_seconds: float, seconds: dict[str, float]) -> Path:
-    """Record this machine's probe and per-notebook harness seconds (``figures/`` runs only)."""
+def write_reference(path: Path, probe_seconds: float, seconds: dict[str, float], *,
+                    jobs: int = 1, wall_seconds: float | None = None) -> Path:
+    """Record this machine's probe and per-notebook harness seconds (``figures/`` runs only),
+    with how many notebooks ran at once and the whole run's wall time."""
     from localsgd.results import write_json
 
     return write_json({"probe_seconds": probe_seconds, "cpu": cpu_model(),
                        "cpu_count": os.cpu_count(), "notebook_seconds": seconds,
-                       "total_seconds": sum(seconds.values())}, path)
+                       "total_seconds": round(sum(seconds.values()), 1), "jobs": jobs,
+                       "wall_seconds": wall_seconds}, path)
 
 
-def estimate(reference: Path, notebooks: Iterable[str], probe_seconds: float) -> Estimate | None:
-    """The expected harness seconds of ``notebooks`` here, or None without a reference file."""
+def makespan(seconds: Iterable[float], slots: int) -> float:
+    """Wall time of tasks run ``slots`` at once, longest first, each on the least-loaded slot
+    (the order `localsgd.reproduce.run` starts them in)."""
+    loads = [0.0] * max(1, slots)
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+def estimate(reference: Path, notebooks: Iterable[str], probe_seconds: float, *,
+             jobs: int = 1, timed: Iterable[str] = ()) -> Estimate | None:
+    """The expected harness seconds of ``notebooks`` here, or None without a reference file.
+    With ``jobs`` > 1 the ``timed`` notebooks run one after another, the rest ``jobs`` at once
+    (`makespan`), as `localsgd.reproduce.run` schedules them."""
     if not reference.is_file():
         return None
     ref = json.loads(reference.read_text())
     factor = probe_seconds / ref["probe_seconds"]
-    known = ref["notebook_seconds"]
-    ids = list(notebooks)
-    total = sum(known[i] for i in ids if i in known) * factor
+    known, names = ref["notebook_seconds"], list(notebooks)
+    ids = [i for i in names if i in known]
+    timed = set(timed) if jobs > 1 else set(ids)
+    total = (sum(known[i] for i in ids if i in timed)
+             + makespan([known[i] for i in ids if i not in timed], jobs)) * factor
     return Estimate(total, factor, ref.get("cpu", "unknown CPU"),
-                    tuple(i for i in ids if i not in known))
+                    tuple(i for i in names if i not in known), jobs, ref.get("jobs", 1))
