@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODE ?= quick
 # notebooks at once: quick mode runs the ones that measure no time two at a time, one thread
-# each (docs/profile.md: 1.3-1.4x the throughput of one two-thread process on two cores)
+# each (docs/profile.md: 0.88x the wall time of one notebook at a time on two cores)
 JOBS ?= $(if $(filter quick,$(MODE)),2,1)
 
 .PHONY: reproduce test lab

@@ -245,7 +245,8 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path) -> in
     return 0
 
 
-def _write_profile(args: argparse.Namespace, results: list, probe_s: float | None) -> Path:
+def _write_profile(args: argparse.Namespace, results: list, probe_s: float | None,
+                   wall: float) -> Path:
     """``reproduce --profile FILE``: the phase table with the machine, commit and command."""
     import datetime
 
@@ -257,8 +258,11 @@ def _write_profile(args: argparse.Namespace, results: list, probe_s: float | Non
     head = (f"Measured {datetime.date.today()} on {speed.cpu_model()} "
             f"({os.cpu_count()} cores{f', probe {probe_s:.3f} s' if probe_s else ''}), commit "
             f"{str(state.get('commit', '?'))[:7]}, mode {args.mode}: `localsgd reproduce --mode "
-            f"{args.mode} --profile {args.profile}`. Seconds of wall time; phases are defined in "
-            "`src/localsgd/profile.py`.\n\n")
+            f"{args.mode}{f' --jobs {args.jobs}' if args.jobs > 1 else ''} --profile "
+            f"{args.profile}`. Seconds of wall time; phases are defined in "
+            "`src/localsgd/profile.py`."
+            + (f" With {args.jobs} notebooks at once the run took {wall:.0f} s of wall time, "
+               "less than the notebooks' sum." if args.jobs > 1 else "") + "\n\n")
     return results_mod.write_text(args.profile, head + profile.table(rows))
 
 
@@ -303,7 +307,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     print(h.summary_table(results))
     if args.profile is not None:
-        print(f"profile: {_write_profile(args, results, probe_s)}")
+        print(f"profile: {_write_profile(args, results, probe_s, wall)}")
     every = {s.id for s in specs} == set(h.discover(args.notebooks))
     if (probe_s is not None and every and out_dir == reference.parent.resolve()
             and all(r.status == "ok" for r in results)):
