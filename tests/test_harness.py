@@ -1,6 +1,7 @@
 """The papermill harness: validation before running, failures isolated, outputs complete."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -219,7 +220,8 @@ def test_list_shows_ids_and_modes(tmp_path, capsys):
 STAMP = ("import json, os, time\nfrom pathlib import Path\nstart = time.time()\n"
          "time.sleep(4)\nPath(out_dir).mkdir(parents=True, exist_ok=True)\n"
          "Path(out_dir, '{name}.json').write_text(json.dumps({{'start': start, "
-         "'end': time.time(), 'omp': os.environ.get('OMP_NUM_THREADS')}}))\n")
+         "'end': time.time(), 'omp': os.environ.get('OMP_NUM_THREADS'), "
+         "'headless': os.environ.get('LOCALSGD_HEADLESS')}}))\n")
 
 
 def test_jobs_run_untimed_notebooks_together_and_timed_ones_alone(tmp_path, monkeypatch):
@@ -241,3 +243,7 @@ def test_jobs_run_untimed_notebooks_together_and_timed_ones_alone(tmp_path, monk
     assert a["start"] < b["end"] and b["start"] < a["end"], "the untimed ones did not overlap"
     assert c["end"] < min(a["start"], b["start"]), "the timed one did not run alone first"
     assert a["omp"] == b["omp"] == str(h.job_threads(2)) and c["omp"] is None
+    # every kernel the harness starts is headless (`notebook.headless()`); the harness's own
+    # environment is left as it was
+    assert a["headless"] == b["headless"] == c["headless"] == "1"
+    assert "LOCALSGD_HEADLESS" not in os.environ

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -247,6 +248,17 @@ RULES: dict[str, Rule] = {
     "workers": integer(1),
     "Hb": integer(1),
 }
+
+
+HEADLESS_ENV = "LOCALSGD_HEADLESS"  # set by `localsgd reproduce` for the kernels it starts
+
+
+def headless() -> bool:
+    """True in a kernel that `localsgd reproduce` (papermill) executes: no frontend can move a
+    slider there, so an explorer draws its chart once instead of building ipywidgets. (Their
+    comm traffic twice left papermill waiting for a widget cell the kernel had finished, in CI
+    under load.)"""
+    return os.environ.get(HEADLESS_ENV) == "1"
 
 
 def check(rules: Mapping[str, Rule] | None = None, **values: Any) -> None:

@@ -21,6 +21,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from localsgd import profile as profile_mod
+from localsgd.notebook import HEADLESS_ENV
 
 MODES = ("smoke", "quick", "paper")
 # Notebooks whose results are measured times (time axes from measured compute, timed launches,
@@ -177,6 +178,8 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     if profiled:  # the kernel and its torchrun workers inherit the variable
         events.unlink(missing_ok=True)
         os.environ[profile_mod.ENV] = str(events)
+    headless = os.environ.get(HEADLESS_ENV)
+    os.environ[HEADLESS_ENV] = "1"  # the kernel inherits it: `notebook.headless()`
     t0 = time.perf_counter()
     status, error = "ok", ""
     try:
@@ -195,6 +198,10 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     finally:
         if profiled:
             os.environ.pop(profile_mod.ENV, None)
+        if headless is None:
+            os.environ.pop(HEADLESS_ENV, None)
+        else:
+            os.environ[HEADLESS_ENV] = headless
     seconds = time.perf_counter() - t0
     after = _snapshot(out_dir)
     # a notebook writes <id>.<ext> files; the name check keeps out a concurrent notebook's
