@@ -281,6 +281,18 @@ def test_autocast_helper():
         numerics.autocast("fp8")
 
 
+def test_memory_format_rule():
+    cl, nchw = torch.channels_last, torch.contiguous_format
+    assert numerics.memory_format("auto", "cpu", threads=1) is cl  # measured faster there
+    assert numerics.memory_format("auto", "cpu", threads=2) is nchw
+    assert numerics.memory_format("auto", "cuda:0", threads=1) is nchw  # unmeasured: unchanged
+    for dev in ("cpu", "cuda"):
+        assert numerics.memory_format("channels_last", dev, threads=2) is cl
+        assert numerics.memory_format("contiguous", dev, threads=1) is nchw
+    with pytest.raises(ValueError, match="memory_format must be one of"):
+        numerics.memory_format("nhwc", "cpu")
+
+
 def test_init_from_env_really_joins_a_gloo_group(monkeypatch):
     # not mocked: a 1-process gloo group from torchrun-style variables, device cpu
     import socket

@@ -9,7 +9,9 @@ three share the machine's noise:
 * ``replica``: `localsgd.engines.replicas.ReplicaEngine`, K replicas of batch B each, run one
   after the other (K * B samples per step), local SGD averaging parameters and BN buffers every H steps;
 * ``batched``: `localsgd.engines.replicas.BatchedReplicaEngine`, the same K replicas as one vmapped
-  forward/backward.
+  forward/backward;
+* ``replica_channels_last`` (with ``--layouts``): the sequential engine fed channels-last (NHWC)
+  batches, the layout `localsgd.numerics.memory_format` picks for single-threaded CPU runs.
 
 Inputs are random uint8-like images [B, 3, 32, 32] scaled to [0, 1] and random labels: a speed
 benchmark, not a training run. Each round times a window of ``--steps`` engine steps and
@@ -54,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's own choice)")
+    ap.add_argument("--layouts", action="store_true",
+                    help="also time the sequential engine on channels-last batches")
     ap.add_argument("--json", action="store_true", help="print one JSON line only")
     args = ap.parse_args(argv)
     for name in ("world", "batch", "steps", "rounds", "period"):
@@ -80,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     schedule = SyncSchedule(Topology.from_paper(k, args.period))
     engines = {name: cls(model_fn, schedule, optimizer_fn, seed=0, average_buffers=True,
                          device=device)
-               for name, cls in (("replica", ReplicaEngine), ("batched", BatchedReplicaEngine))}
+               for name, cls in (("replica", ReplicaEngine), ("batched", BatchedReplicaEngine),
+                                 ("replica_channels_last", ReplicaEngine))}
+    nhwc = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
     torch.manual_seed(0)
     model = model_fn().to(device)
     opt = optimizer_fn(model.parameters())
@@ -99,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         "replica": (lambda: engines["replica"].step(batches, loss_fn), args.steps, k * b),
         "batched": (lambda: engines["batched"].step(batches, loss_fn), args.steps, k * b),
     }
+    if args.layouts:
+        runs["replica_channels_last"] = (
+            lambda: engines["replica_channels_last"].step(nhwc, loss_fn), args.steps, k * b)
     names = list(runs)
     t_start = time.perf_counter()
     for name in names:
@@ -124,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         "replica_over_single": round(med["replica"] / med["single"], 4),
         "batched_over_single": round(med["batched"] / med["single"], 4),
         "batched_over_replica": round(med["batched"] / med["replica"], 4),
+        **({"replica_channels_last_samples_per_s": round(med["replica_channels_last"], 1),
+            "channels_last_over_replica": round(med["replica_channels_last"] / med["replica"], 4)}
+           if args.layouts else {}),
         "model": "resnet20",
         "width": args.width,
         "params": sum(p.numel() for p in model.parameters()),
