@@ -219,3 +219,78 @@ def test_rebinding_a_parameter_is_detected_before_mixing():
     engine.models[1].load_state_dict(engine.models[0].state_dict())  # in place: still aliased
     run(engine, 2)
     assert engine.comm.consensus_distance() == 0
+
+
+def _conv_engine(threads, schedule):
+    from localsgd.models import build_model
+
+    def model_fn():
+        return build_model("resnet20", num_classes=4, width=0.25)
+
+    return ReplicaEngine(model_fn, schedule, sgd(0.05, momentum=0.9), seed=1,
+                         average_buffers=True, threads=threads)
+
+
+def _image_batches(engine):
+    return [(torch.randn(8, 3, 16, 16, generator=g).contiguous(memory_format=torch.channels_last),
+             torch.randint(0, 4, (8,), generator=g)) for g in engine.generators]
+
+
+@pytest.mark.parametrize("schedule", [
+    SyncSchedule(Topology.from_paper(4, 2, block_size=2, block_steps=2)),  # two levels
+    SyncSchedule(Topology.from_paper(4, 4), warmup_steps=3),  # gradient all-reduce first
+], ids=["hierarchical", "post-local"])
+def test_host_threads_compute_the_sequential_bits(schedule):
+    # replicas side by side on host threads, each op single-threaded: every tensor and every
+    # reported number equals the one-at-a-time engine's, bit for bit
+    seq, par = _conv_engine(1, schedule), _conv_engine(3, schedule)
+    seen = set()
+    for m in par.models:
+        m.register_forward_pre_hook(lambda mod, args: seen.add(__import__("threading")
+                                                               .current_thread().name))
+    for _ in range(6):
+        s_seq, s_par = {}, {}
+        out_seq = seq.step(_image_batches(seq), nn.functional.cross_entropy, stats=s_seq)
+        out_par = par.step(_image_batches(par), nn.functional.cross_entropy, stats=s_par)
+        assert out_seq == out_par
+        assert s_seq["correct"] == s_par["correct"]
+        assert len(s_par["compute_seconds"]) == 4 and min(s_par["compute_seconds"]) > 0
+    assert torch.equal(seq.comm.flat, par.comm.flat)
+    for a, b in zip(seq.comm.buffer_stacks, par.comm.buffer_stacks, strict=True):
+        assert torch.equal(a, b)
+    assert seq.comm.consensus_distance() == par.comm.consensus_distance()
+    # the replicas really ran on the pool's threads, not the caller's
+    assert {n.startswith("localsgd-replica") for n in seen} == {True}
+
+
+def test_host_threads_need_single_threaded_ops_and_a_cpu():
+    from localsgd.engines.common import host_map
+
+    schedule = SyncSchedule(Topology.from_paper(2, 2))
+    engine = _conv_engine(2, schedule)
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(ValueError, match=r"torch.set_num_threads\(1\) first"):
+            engine.step(_image_batches(engine), nn.functional.cross_entropy)
+        assert host_map(abs, [-1, 2], threads=1) == [1, 2]  # one thread: no requirement
+    finally:
+        torch.set_num_threads(1)
+    with pytest.raises(ValueError, match="threads=2: must be >= 1, and 1 off the CPU"):
+        ReplicaEngine(mlp, schedule, sgd(), device="meta", threads=2)
+    with pytest.raises(ValueError, match="threads=0"):
+        ReplicaEngine(mlp, schedule, sgd(), threads=0)
+
+
+def test_host_map_carries_grad_mode_and_autocast_into_its_threads():
+    from localsgd.engines.common import host_map
+
+    def probe(_):
+        return torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")
+
+    assert host_map(probe, range(3), threads=2) == [(True, False)] * 3
+    with torch.no_grad():
+        assert host_map(probe, range(3), threads=2) == [(False, False)] * 3
+    with torch.autocast("cpu", torch.bfloat16):
+        assert host_map(probe, range(3), threads=2) == [(True, True)] * 3
+        x = torch.randn(4, 4)
+        assert host_map(lambda _: (x @ x).dtype, range(2), threads=2) == [torch.bfloat16] * 2

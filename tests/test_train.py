@@ -101,6 +101,26 @@ def test_same_seed_is_bitwise_equal_and_other_seed_differs(synth):
     assert not math.isclose(a.train_loss.iloc[-1], c.train_loss.iloc[-1], rel_tol=1e-12)
 
 
+@pytest.mark.parametrize("host_threads", [0, 3])
+def test_results_do_not_depend_on_the_thread_count(synth, host_threads):
+    # K = 4 replicas on a CPU: ops run single-threaded and the replicas side by side, so one,
+    # two or three threads compute the same bits; torch's own setting is restored afterwards
+    cfg = dataclasses.replace(TINY, world_size=4, epochs=2.0, n_test=64, eval_batch=16,
+                              host_threads=host_threads)
+    old = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            runs.append(train(cfg, dataset=synth, progress=False))
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(old)
+    _same(runs[0], runs[1])
+    with pytest.raises(ValueError, match="host_threads=-1: must be an integer >= 0"):
+        TrainConfig(host_threads=-1)
+
+
 def test_resume_mid_epoch_is_bitwise_equal(synth, tmp_path):
     ref = train(TINY, dataset=synth, progress=False)
     ckpt = tmp_path / "run.pt"

@@ -37,30 +37,43 @@ def cpu_model() -> str:
 
 
 def probe(repeats: int = PROBE_REPEATS) -> float:
-    """Median seconds of a fixed workload: 4 SGD steps of a width-0.5 ResNet-20 on 64 random
-    32-px images (float32, this process's torch threads), after one untimed warm-up step."""
+    """Median seconds of a fixed workload shaped like the notebooks' training: two width-0.5
+    ResNet-20s (one on a one-core machine) side by side on host threads, every op
+    single-threaded on channels-last inputs, as `localsgd.train` runs replicas on a CPU; 4 SGD
+    steps each on 64 random 32-px images (float32) per repeat, after one untimed warm-up step.
+    Two at once also measures what two busy cores cost each other (shared caches, SMT)."""
     import torch  # deferred: the estimate is printed before anything else imports torch
 
+    from localsgd.engines.common import host_map
     from localsgd.models import build_model
 
     gen = torch.Generator().manual_seed(0)
-    model = build_model("resnet20", num_classes=10, width=0.5)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(64, 3, 32, 32, generator=gen)
+    n = min(2, os.cpu_count() or 1)
+    models = [build_model("resnet20", num_classes=10, width=0.5) for _ in range(n)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for m in models]
+    x = torch.randn(64, 3, 32, 32, generator=gen).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (64,), generator=gen)
 
-    def steps(n: int) -> None:
-        for _ in range(n):
-            opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+    def steps(count: int) -> None:
+        def one(i: int) -> None:
+            for _ in range(count):
+                opts[i].zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(models[i](x), y).backward()
+                opts[i].step()
 
-    steps(1)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        steps(4)
-        times.append(time.perf_counter() - t0)
+        host_map(one, range(n), n)
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        steps(1)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            steps(4)
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(saved)
     return statistics.median(times)
 
 

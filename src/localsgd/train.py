@@ -51,6 +51,7 @@ from localsgd import memory as memory_mod
 from localsgd import models as models_mod
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
+from localsgd.engines.common import host_map
 from localsgd.engines.ddp import DDPEngine
 from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
@@ -176,6 +177,12 @@ class TrainConfig:
     """Layout of image batches (`localsgd.numerics.memory_format`): 'auto' (channels-last on a
     single-threaded CPU, where it trains faster; NCHW otherwise), 'contiguous' or
     'channels_last'. Changes float32 results at round-off only."""
+    host_threads: int = 0
+    """CPU threads the sequential replica engine spreads its K replicas over, each op then
+    single-threaded (`localsgd.engines.common.host_map`). 0 (auto): as many as torch has
+    intra-op threads when `train` starts, at most K, for K >= 2 replicas on a CPU (else
+    torch's threads are left alone). Does not change results: a run computes the same bits on
+    one core or several (tested); not part of the results-cache key."""
 
     def __post_init__(self) -> None:
         if self.momentum_scheme not in MOMENTUM_SCHEMES:
@@ -187,6 +194,10 @@ class TrainConfig:
         if self.memory_format not in numerics.MEMORY_FORMATS:
             raise ValueError(f"memory_format={self.memory_format!r}; valid: "
                              f"{numerics.MEMORY_FORMATS}")
+        if isinstance(self.host_threads, bool) or not isinstance(self.host_threads, int) \
+                or self.host_threads < 0:
+            raise ValueError(f"host_threads={self.host_threads!r}: must be an integer >= 0 "
+                             "(0: one per torch thread, at most K)")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic={self.deterministic!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
         if not self.epochs > 0:
@@ -272,10 +283,12 @@ ENGINES = ("replicas", "ddp")
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
-                 **options: Any) -> Engine:
+                 threads: int | None = None, **options: Any) -> Engine:
     """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
     ``cfg.batched``) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
-    (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers)."""
+    (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
+    ``threads``: the sequential engine's host threads (default ``cfg.host_threads`` or 1;
+    `train` passes what `host_threads` resolved)."""
     if kind not in ENGINES:
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
     if kind == "replicas" and options:
@@ -323,11 +336,22 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                          average_buffers=cfg.average_buffers, device=device,
                          num_classes=num_classes, **options)
+    kw = {} if cfg.batched else {"threads": threads or max(1, cfg.host_threads)}
     engine_cls = BatchedReplicaEngine if cfg.batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                       average_buffers=cfg.average_buffers, peers_per_step=cfg.peers_per_step,
-                      device=device)
+                      device=device, **kw)
+
+
+def host_threads(cfg: TrainConfig, device: torch.device, default_engine: bool = True) -> int:
+    """Host threads a run of ``cfg`` spreads its replicas over (`TrainConfig.host_threads`,
+    0 resolved from torch's intra-op threads now), or 0 where torch's threads are left alone:
+    off the CPU, the batched engine, a single worker, or an engine ``train`` did not build."""
+    if (device.type != "cpu" or cfg.batched or not default_engine
+            or (cfg.world_size < 2 and not cfg.host_threads)):
+        return 0
+    return cfg.host_threads or min(cfg.world_size, torch.get_num_threads())
 
 
 def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[int, ...],
@@ -398,11 +422,11 @@ class _MemoryBatches:
 
     eval_limit: int | None = None  # test images evaluated (a dry run's bound; None: all)
 
-    def evaluate(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format
-                 ) -> tuple[float, float]:
+    def evaluate(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
+                 threads: int = 1) -> tuple[float, float]:
         n = self.eval_limit
         return evaluate(model, self.test_x[:n], self.test_y[:n], self.ds.mean, self.ds.std,
-                        self.eval_batch, layout)
+                        self.eval_batch, layout, threads)
 
 
 class _StreamedBatches:
@@ -462,8 +486,9 @@ class _StreamedBatches:
         return out
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format
-                 ) -> tuple[float, float]:
+    def evaluate(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
+                 threads: int = 1) -> tuple[float, float]:
+        # one batch at a time: the loader's worker processes are the parallelism here
         model.eval()
         dtype = next(model.parameters()).dtype
         n, e = len(self.folders.val), self.eval_batch_size()
@@ -481,18 +506,24 @@ class _StreamedBatches:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
-             batch: int = 1000, layout: torch.memory_format = torch.contiguous_format
-             ) -> tuple[float, float]:
+             batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
+             threads: int = 1) -> tuple[float, float]:
     """(top-1 accuracy in %, mean cross-entropy) of ``model`` on uint8 images ``x``, handed to
-    the model in ``layout`` (`localsgd.numerics.memory_format`)."""
+    the model in ``layout`` (`localsgd.numerics.memory_format`); batches of ``batch`` images,
+    spread over ``threads`` host threads (`host_map`: the same sums as one at a time)."""
     model.eval()
     dtype = next(model.parameters()).dtype
-    correct, loss = 0, 0.0
-    for i in range(0, len(x), batch):
+
+    def one(i: int) -> tuple[float, int]:
         xb = data_mod.normalize(x[i:i + batch], mean, std).to(dtype, memory_format=layout)
         out = model(xb)
-        loss += float(nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum"))
-        correct += int((out.argmax(1) == y[i:i + batch]).sum())
+        return (float(nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum")),
+                int((out.argmax(1) == y[i:i + batch]).sum()))
+
+    correct, loss = 0, 0.0
+    for batch_loss, hits in host_map(one, range(0, len(x), batch), threads):
+        loss += batch_loss  # in batch order: bitwise the sequential sum
+        correct += hits
     return 100.0 * correct / len(x), loss / len(x)
 
 
@@ -571,9 +602,28 @@ def train(
     lr_last (the lr of the epoch's last update), compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
     preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
     gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
+
+    On a CPU with K >= 2 replicas (`host_threads`) every op runs single-threaded for the run
+    and the replicas (and evaluation batches) side by side; torch's thread count is restored
+    afterwards.
     """
-    t_start = time.perf_counter()
     device = run_device(cfg)  # a bad device fails here, before any data is loaded
+    threads = host_threads(cfg, device, default_engine=engine is None)
+    saved_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(1)
+    try:
+        return _train(cfg, device, threads, dataset, checkpoint_path, checkpoint_every, resume,
+                      progress, on_step, engine, checkpoint_every_steps)
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkpoint_path,
+           checkpoint_every, resume, progress, on_step, engine, checkpoint_every_steps
+           ) -> pd.DataFrame:
+    """`train`'s body, with torch's threads already set for ``threads`` (0: left alone)."""
+    t_start = time.perf_counter()
     numerics.apply_numerics(cfg.precision, cfg.deterministic, device)
     layout = numerics.memory_format(cfg.memory_format, device)  # of every image batch
     ds = dataset if dataset is not None else load_dataset(cfg)
@@ -589,7 +639,8 @@ def train(
         shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, _StreamedBatches)
                  else tuple(source.train_x.shape[1:]))
         check_replica_memory(cfg, source.num_classes, shape, torch.cuda.mem_get_info(device)[0])
-    engine = (engine or build_engine)(cfg, n_train, source.num_classes)
+    engine = (engine(cfg, n_train, source.num_classes) if engine is not None
+              else build_engine(cfg, n_train, source.num_classes, threads=max(1, threads)))
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
     dtype = getattr(torch, cfg.dtype)
     ranks = engine.local_ranks  # the workers this process runs (all K in the replica engine)
@@ -622,7 +673,7 @@ def train(
 
     def record(t: int) -> None:
         t_eval = time.perf_counter()
-        acc, loss = source.evaluate(engine.averaged_model(), layout)
+        acc, loss = source.evaluate(engine.averaged_model(), layout, max(1, threads))
         phases["evaluate"] += time.perf_counter() - t_eval
         # the median worker of every step (mean of the middle two for even K), as if the K
         # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
@@ -747,7 +798,7 @@ def load_dataset(cfg: TrainConfig) -> data_mod.ImageDataset | data_mod.ImageFold
 
 
 # Fields that change how a run is computed but not its result, or only its speed.
-_NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers")
+_NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers", "host_threads")
 # Fields added after results were cached: left out of the key at their default, so old runs hit.
 _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
                     "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,

@@ -11,7 +11,11 @@ three share the machine's noise:
 * ``batched``: `localsgd.engines.replicas.BatchedReplicaEngine`, the same K replicas as one vmapped
   forward/backward;
 * ``replica_channels_last`` (with ``--layouts``): the sequential engine fed channels-last (NHWC)
-  batches, the layout `localsgd.numerics.memory_format` picks for single-threaded CPU runs.
+  batches, the layout `localsgd.numerics.memory_format` picks for single-threaded CPU runs;
+* ``replica_host_threads`` (with ``--host-threads N``): the sequential engine with its replicas
+  spread over N host threads, every op single-threaded, on channels-last batches: what
+  `localsgd.train.train` runs on a CPU (`TrainConfig.host_threads`). Its windows run with one
+  torch thread, the others with ``--threads``.
 
 Inputs are random uint8-like images [B, 3, 32, 32] scaled to [0, 1] and random labels: a speed
 benchmark, not a training run. Each round times a window of ``--steps`` engine steps and
@@ -58,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch threads (default: torch's own choice)")
     ap.add_argument("--layouts", action="store_true",
                     help="also time the sequential engine on channels-last batches")
+    ap.add_argument("--host-threads", type=int, default=0, metavar="N",
+                    help="also time the replicas spread over N host threads (one torch thread "
+                         "per op, channels-last), as localsgd.train runs them on a CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON line only")
     args = ap.parse_args(argv)
     for name in ("world", "batch", "steps", "rounds", "period"):
@@ -67,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()  # of every window but the host-threaded one's
 
     device = torch.device(args.device)
     k, b = args.world, args.batch
@@ -86,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                          device=device)
                for name, cls in (("replica", ReplicaEngine), ("batched", BatchedReplicaEngine),
                                  ("replica_channels_last", ReplicaEngine))}
+    if args.host_threads:
+        engines["replica_host_threads"] = ReplicaEngine(
+            model_fn, schedule, optimizer_fn, seed=0, average_buffers=True, device=device,
+            threads=args.host_threads)
     nhwc = [(x.contiguous(memory_format=torch.channels_last), y) for x, y in batches]
     torch.manual_seed(0)
     model = model_fn().to(device)
@@ -108,10 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.layouts:
         runs["replica_channels_last"] = (
             lambda: engines["replica_channels_last"].step(nhwc, loss_fn), args.steps, k * b)
+    if args.host_threads:
+        runs["replica_host_threads"] = (
+            lambda: engines["replica_host_threads"].step(nhwc, loss_fn), args.steps, k * b)
     names = list(runs)
+
+    def torch_threads(name: str) -> None:
+        torch.set_num_threads(1 if name == "replica_host_threads" else threads)
+
     t_start = time.perf_counter()
     for name in names:
         step, per_window, _ = runs[name]
+        torch_threads(name)
         for _ in range(args.warmup * per_window // args.steps):
             step()
     rates: dict[str, list[float]] = {name: [] for name in names}
@@ -119,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         # rotate the order every round so no configuration always follows another
         for name in names[r % len(names):] + names[:r % len(names)]:
             step, per_window, samples = runs[name]
+            torch_threads(name)
             _sync(device)
             t0 = time.perf_counter()
             for _ in range(per_window):
@@ -136,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         **({"replica_channels_last_samples_per_s": round(med["replica_channels_last"], 1),
             "channels_last_over_replica": round(med["replica_channels_last"] / med["replica"], 4)}
            if args.layouts else {}),
+        **({"replica_host_threads_samples_per_s": round(med["replica_host_threads"], 1),
+            "host_threads_over_replica": round(med["replica_host_threads"] / med["replica"], 4),
+            "host_threads": args.host_threads} if args.host_threads else {}),
+        "torch_threads": threads,
         "model": "resnet20",
         "width": args.width,
         "params": sum(p.numel() for p in model.parameters()),

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-__all__ = ["Batch", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state", "set_cuda_rng_state",
-           "to_device", "worker_generator"]
+__all__ = ["Batch", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state",
+           "host_map", "set_cuda_rng_state", "to_device", "worker_generator"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -16,6 +19,42 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 def worker_generator(seed: int, rank: int, device: str | torch.device = "cpu") -> torch.Generator:
     """Worker `rank`'s own random stream (data order, sampling): seeded with ``seed + rank``."""
     return torch.Generator(device=device).manual_seed(int(seed) + int(rank))
+
+
+@functools.cache
+def _host_pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    # one pool per size for the whole process: engines come and go, the threads stay; each
+    # thread's own OpenMP setting starts at the process's (one thread: see `host_map`)
+    return concurrent.futures.ThreadPoolExecutor(
+        threads, thread_name_prefix="localsgd-replica",
+        initializer=lambda: torch.set_num_threads(torch.get_num_threads()))
+
+
+def host_map(fn: Callable[[Any], Any], items: Iterable[Any], threads: int = 1) -> list:
+    """``[fn(item) for item in items]``, spread over ``threads`` host threads when > 1.
+
+    For CPU work that releases the GIL (torch ops): K replicas' forward/backward passes or
+    evaluation batches run side by side, each op single-threaded. Each item is computed exactly
+    as in the sequential loop, so results are bitwise those of a one-thread run. Raises a
+    ValueError unless torch runs one intra-op thread (``torch.set_num_threads(1)``): otherwise
+    every op would fan out too and oversubscribe the cores."""
+    if threads <= 1:
+        return [fn(item) for item in items]
+    if torch.get_num_threads() != 1:
+        raise ValueError(
+            f"{threads} host threads need torch.set_num_threads(1) first (torch has "
+            f"{torch.get_num_threads()} intra-op threads: each op would fan out again and "
+            "oversubscribe the cores); `localsgd.train.train` sets it for its run")
+    # grad mode and autocast are thread-local: carry the caller's into the pool's threads
+    grad = torch.is_grad_enabled()
+    cast = torch.is_autocast_enabled("cpu")
+    cast_dtype = torch.get_autocast_dtype("cpu")
+
+    def call(item: Any) -> Any:
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", cast_dtype, enabled=cast):
+            return fn(item)
+
+    return list(_host_pool(threads).map(call, items))
 
 
 def clone_tensors(obj: Any) -> Any:
