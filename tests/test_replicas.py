@@ -255,6 +255,9 @@ def test_host_threads_compute_the_sequential_bits(schedule):
         assert out_seq == out_par
         assert s_seq["correct"] == s_par["correct"]
         assert len(s_par["compute_seconds"]) == 4 and min(s_par["compute_seconds"]) > 0
+        # the profile's compute phase: the wall time of the overlapping spans, not their sum
+        assert "compute_wall_seconds" not in s_seq
+        assert 0 < s_par["compute_wall_seconds"] < sum(s_par["compute_seconds"]) + 0.05
     assert torch.equal(seq.comm.flat, par.comm.flat)
     for a, b in zip(seq.comm.buffer_stacks, par.comm.buffer_stacks, strict=True):
         assert torch.equal(a, b)

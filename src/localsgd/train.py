@@ -728,8 +728,10 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                     losses, action = engine.step(batches, nn.functional.cross_entropy,
                                                  stats=stats)
                 step_s = time.perf_counter() - t1
-                phases["compute"] += sum(stats["compute_seconds"])
-                phases["engine"] += step_s - sum(stats["compute_seconds"])
+                # host threads overlap the workers' spans: the profile counts their wall time
+                busy = stats.get("compute_wall_seconds", sum(stats["compute_seconds"]))
+                phases["compute"] += busy
+                phases["engine"] += step_s - busy
                 for times, seconds in zip(tot.step_seconds, stats["compute_seconds"], strict=True):
                     times.append(seconds)
                 tot.loss_sum += sum(losses) * b

@@ -26,6 +26,7 @@ copy.)
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -454,7 +455,8 @@ class ReplicaEngine(_Engine):
         If `stats` is a dict it receives ``correct`` (K ints: argmax of the output == target on
         worker k's batch, train mode, before the update; None per worker for floating targets)
         and ``compute_seconds`` (K floats: wall time of worker k's zero_grad + forward +
-        backward + optimizer step; accelerators are synchronised before each clock read).
+        backward + optimizer step; accelerators are synchronised before each clock read); with
+        host threads also ``compute_wall_seconds``, the wall time of those overlapping spans.
         """
         self._check_batches(batches)
         self._apply_lr_schedule()
@@ -479,9 +481,13 @@ class ReplicaEngine(_Engine):
             return (t0, clock.mark()) if timed else None
 
         replicas = range(len(self.models))
+        wall = time.perf_counter()
         losses, correct, first = zip(*host_map(local, replicas, self.threads), strict=True)
+        wall = time.perf_counter() - wall
         self.driver.before_step()  # e.g. a gradient all-reduce: after every backward
+        t0 = time.perf_counter()
         second = host_map(inner_step, replicas, self.threads)
+        wall += time.perf_counter() - t0
         spans = [[a, b] for a, b in zip(first, second, strict=True)] if timed else []
         action = self.driver.after_step(self.current_lr())
         k = len(losses)
@@ -495,6 +501,8 @@ class ReplicaEngine(_Engine):
                 stats["correct"] = [None] * k
         if timed:
             stats["compute_seconds"] = clock.seconds(spans)
+            if self.threads > 1:  # the K spans overlap: the profile needs their wall time
+                stats["compute_wall_seconds"] = wall
         return losses_out, action
 
     def averaged_model(self) -> nn.Module:
