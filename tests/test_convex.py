@@ -58,8 +58,9 @@ def test_objective_stable_for_huge_margins():
 def test_torch_value_on_distinct_rows_equals_dense_objective():
     p = synthetic()
     tp = TorchProblem(p)
-    W = np.random.default_rng(3).normal(size=(4, p.d))
+    W = np.random.default_rng(3).normal(size=(37, p.d))  # more than one block of 16 models
     np.testing.assert_allclose(tp.value(torch.from_numpy(W)).numpy(), p.value(W), rtol=1e-12)
+    assert tp.value(torch.from_numpy(W[:0])).shape == (0,)
 
 
 def test_fstar_newton_reaches_tolerance_and_is_reproducible():

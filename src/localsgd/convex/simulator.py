@@ -162,16 +162,22 @@ class TorchProblem:
         uniq = rows[first]
         with warnings.catch_warnings():  # CSR support is labelled beta; it is exact here
             warnings.simplefilter("ignore")
-            self._U = torch.from_numpy(uniq[:, :-1]).to_sparse_csr()
-        self._ub = torch.from_numpy(uniq[:, -1])
+            # rows −b_u a_u: the product gives the softplus arguments −b aᵀw directly
+            self._U = torch.from_numpy(-uniq[:, :-1] * uniq[:, -1:]).to_sparse_csr()
         self._uw = torch.from_numpy(counts.astype(np.float64)) / self.n
 
     def value(self, w: torch.Tensor) -> torch.Tensor:
         """f(w) in float64 for ``w`` of shape (m, d) → (m,)."""
         w = w.to(torch.float64)
-        z = -(self._U @ w.T) * self._ub[:, None]  # (u, m)
-        loss = (torch.nn.functional.softplus(z) * self._uw[:, None]).sum(0)
+        # at most 16 models per sparse product: on w8a 40 at once took 3.7x as long as 20
+        loss = torch.cat([self._loss(part) for part in w.split(16)]) if len(w) else w.sum(1)
         return loss + 0.5 * self.lam * (w * w).sum(1)
+
+    def _loss(self, w: torch.Tensor) -> torch.Tensor:
+        z = self._U @ w.T  # (u, m): −b aᵀw on the distinct rows
+        # the row-weighted sum as one matrix-vector product: faster than scaling the (u, m)
+        # losses and reducing over their first axis
+        return self._uw @ torch.nn.functional.softplus(z)
 
 
 @dataclass
