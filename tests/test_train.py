@@ -259,3 +259,21 @@ def test_pool_compute_gives_runs_of_the_same_work_the_median_cost_per_update():
     assert rec.compute_seconds.iloc[0] == 0.05  # the input is left alone
     with pytest.raises(ValueError, match="'run'"):
         pool_compute(rec.drop(columns="run"))
+
+
+def test_records_per_epoch_splits_each_epoch_evenly(synth):
+    steps_per_epoch = 256 // 2 // 16  # 8
+    rec = train(dataclasses.replace(TINY, records_per_epoch=3), dataset=synth, progress=False)
+    # marks at 8/3 -> 3, 16/3 -> 5 and the epoch's end, in each of the 3 epochs
+    assert rec.step.tolist() == [e * steps_per_epoch + m for e in range(3) for m in (3, 5, 8)]
+    assert rec.test_acc.notna().all()
+    # the end of every epoch still matches a one-record-per-epoch run (same training)
+    one = train(TINY, dataset=synth, progress=False)
+    ends = rec[rec.step % steps_per_epoch == 0].reset_index(drop=True)
+    pd.testing.assert_series_equal(ends.test_acc, one.test_acc, check_exact=True)
+    # more records than updates per epoch: one per update
+    many = train(dataclasses.replace(TINY, epochs=1.0, records_per_epoch=50), dataset=synth,
+                 progress=False)
+    assert many.step.tolist() == list(range(1, steps_per_epoch + 1))
+    with pytest.raises(ValueError, match="records_per_epoch=0"):
+        TrainConfig(records_per_epoch=0)

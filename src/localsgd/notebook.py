@@ -159,6 +159,7 @@ RULES: dict[str, Rule] = {
     "n_train": optional(integer(1)),
     "n_test": optional(integer(1)),
     "epochs": number(0.0),
+    "records_per_epoch": integer(1),
     "warmup_epochs": number(0.0, inclusive=True),
     "tricks": FLAG,
     "base_batch": integer(1),

@@ -164,6 +164,9 @@ class TrainConfig:
     """Training device ('cpu', 'cuda', 'cuda:1', ...)."""
     eval_batch: int = 1000
     """Batch size for test-set evaluation."""
+    records_per_epoch: int = 1
+    """Records per epoch, evenly spaced in updates: each evaluates the averaged model on the
+    test set and closes a training-accuracy window (finer curves for short runs)."""
     dtype: str = "float32"
     """Parameter dtype ('float32' or 'float64'; float64 for equivalence tests)."""
     precision: str = "fp32"
@@ -203,7 +206,7 @@ class TrainConfig:
         if not self.epochs > 0:
             raise ValueError(f"epochs={self.epochs}: must be > 0")
         for name in ("world_size", "local_batch", "local_steps", "block_steps", "base_batch",
-                     "eval_batch", "peers_per_step", "image_size"):
+                     "eval_batch", "peers_per_step", "image_size", "records_per_epoch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
@@ -582,7 +585,8 @@ def train(
     engine: Callable[[TrainConfig, int, int], Engine] | None = None,
     checkpoint_every_steps: int = 0,
 ) -> pd.DataFrame:
-    """Train ``cfg`` and return one record per epoch (and one at the last update).
+    """Train ``cfg`` and return ``cfg.records_per_epoch`` records per epoch (and one at the last
+    update).
 
     Args:
         dataset: the data (default: ``load_image_dataset(cfg.dataset)`` reduced to
@@ -598,7 +602,7 @@ def train(
         checkpoint_every_steps: also checkpoint every this many updates (0: never).
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
-    batches of the epoch, before each update, augmented), test_loss / test_acc (averaged model),
+    batches since the previous record, before each update, augmented), test_loss / test_acc (averaged model),
     lr_last (the lr of the epoch's last update), compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
     preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
     gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
@@ -700,6 +704,9 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
         tot.step_seconds = [[] for _ in ranks]
 
     partition_epoch, parts = -1, None
+    # updates into an epoch at which a record is taken (0: the epoch's end)
+    per = min(cfg.records_per_epoch, steps_per_epoch)
+    marks = {round(i * steps_per_epoch / per) % steps_per_epoch for i in range(1, per + 1)}
     bar = tqdm(total=total, initial=engine.t, disable=not progress or ranks[0] != 0, leave=False,
                desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}",
                mininterval=2.0)  # a refresh is an output line in an executed notebook
@@ -744,7 +751,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                 tot.gossip += bool(action.gossip)
                 tot.outer += bool(action.outer)
                 bar.update(1)
-                if engine.t % steps_per_epoch == 0 or engine.t == total:
+                if engine.t % steps_per_epoch in marks or engine.t == total:
                     record(engine.t)
                     bar.set_postfix(train_acc=f"{records[-1]['train_acc']:.1f}",
                                     test_acc=f"{records[-1]['test_acc']:.1f}")
@@ -805,7 +812,7 @@ _NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers", "host_threads")
 _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
                     "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
                     "peers_per_step": 1, "image_size": 224, "precision": "fp32",
-                    "deterministic": False}
+                    "deterministic": False, "records_per_epoch": 1}
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:

@@ -37,7 +37,8 @@ __all__ = [
 _CONFIG_NAMES = {"dataset": "dataset", "model": "model", "width": "width", "n_train": "n_train",
                  "n_test": "n_test", "K": "world_size", "B_loc": "local_batch",
                  "epochs": "epochs", "warmup_epochs": "warmup_epochs",
-                 "base_batch": "base_batch", "batched": "batched", "device": "device"}
+                 "base_batch": "base_batch", "batched": "batched", "device": "device",
+                 "records_per_epoch": "records_per_epoch"}
 
 
 def base_config(P, **overrides) -> TrainConfig:
