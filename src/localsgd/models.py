@@ -39,7 +39,6 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 MODEL_NAMES = ("resnet20", "densenet40_12", "wrn28_10", "resnet50")
 # not a paper model: timing runs with emulated compute (localsgd.experiments.timing_validation)
@@ -373,6 +372,9 @@ def count_flops(model: nn.Module, input_shape: Sequence[int]) -> int:
         shape = (1, *shape)
     if len(shape) != 4 or shape[0] != 1:
         raise ValueError(f"input_shape must be (C, H, W) for one image, got {tuple(input_shape)}")
+    # deferred: it imports triton (~0.2 s), which no training process needs
+    from torch.utils.flop_counter import FlopCounterMode
+
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
