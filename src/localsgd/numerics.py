@@ -136,12 +136,15 @@ def memory_format(choice: str, device: str | torch.device | None = None,
 
     'contiguous' (NCHW) and 'channels_last' (NHWC) are taken as asked. 'auto' is channels-last
     on a CPU whose run has one intra-op thread (``threads``, default `torch.get_num_threads`)
-    and contiguous otherwise. Measured (`localsgd bench replicas --layouts`, ResNet-20 replicas,
-    AVX-512 and AVX2 code paths of one CPU; docs/profile.md): single-threaded, NHWC trains
-    0.98-1.04x as fast as NCHW at width 0.25 / batch 32, 1.16-1.20x at width 0.5 / batch 64
-    and 1.74-1.96x at width 0.5 / batch 1024; with two threads 0.77x, 0.92x and 1.18-1.23x.
-    On GPUs 'auto' keeps NCHW (unmeasured here). Only the inputs change layout: convolutions
-    then run NHWC, the weights keep theirs. Results differ from NCHW's at float32 round-off.
+    and contiguous otherwise; `localsgd.train.train` runs a CPU run of K >= 2 replicas with one
+    thread per op (`TrainConfig.host_threads`), so there 'auto' is channels-last. Measured
+    (`localsgd bench replicas --layouts`, ResNet-20 replicas, one thread; AVX-512 and AVX2
+    code paths of one CPU, and two 2-core AMD EPYC machines; docs/benchmarks.md): NHWC trains
+    0.98-1.05x as fast as NCHW at width 0.25 / batch 32, 1.16-1.23x at width 0.5 / batch 64
+    and 1.74-1.96x at width 0.5 / batch 1024 (with two threads per op 0.77x, 0.92x and
+    1.18-1.57x). On GPUs 'auto' keeps NCHW (unmeasured here). Only the inputs change layout:
+    convolutions then run NHWC, the weights keep theirs. Results differ from NCHW's at float32
+    round-off.
     """
     if choice not in MEMORY_FORMATS:
         raise ValueError(f"memory_format must be one of {MEMORY_FORMATS}, got {choice!r}")
