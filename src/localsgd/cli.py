@@ -315,8 +315,10 @@ def _reproduce(args: argparse.Namespace) -> int:
     every = {s.id for s in specs} == set(h.discover(args.notebooks))
     if (probe_s is not None and every and out_dir == reference.parent.resolve()
             and all(r.status == "ok" for r in results)):
-        # the committed figures' machine: the reference the next estimate scales from
-        speed.write_reference(reference, probe_s, {r.id: round(r.seconds, 1) for r in results},
+        # the committed figures' machine: the reference the next estimate scales from; its probe
+        # is the faster of one before and one after the run (one can catch a slow moment)
+        speed.write_reference(reference, min(probe_s, speed.probe()),
+                              {r.id: round(r.seconds, 1) for r in results},
                               jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
     if not args.no_report and papers.is_dir():

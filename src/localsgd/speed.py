@@ -2,8 +2,8 @@
 and the committed per-notebook times scaled by it.
 
 The machine that writes the committed ``figures/`` also writes ``figures/machine_speed.json``:
-its probe time, its CPU, and the harness's seconds per notebook (a fresh clone: empty results
-cache). Before a long run, `estimate` times the same probe here and scales those seconds by the
+its probe time (the faster of a probe before and one after that run), its CPU, and the
+harness's seconds per notebook (a fresh clone: empty results cache). Before a long run, `estimate` times the same probe here and scales those seconds by the
 ratio of the two probe times. The probe is what the notebooks mostly do -- ResNet-20 forward,
 backward and SGD steps on the CPU -- so CPUs that differ in vector units (AVX2 vs AVX-512) or
 clock move it as they move the notebooks; it cannot see a warm results cache (then the run is
@@ -15,14 +15,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 SPEED_FILE = "machine_speed.json"
-PROBE_REPEATS = 5
+PROBE_REPEATS = 9
 
 
 def cpu_model() -> str:
@@ -37,11 +36,14 @@ def cpu_model() -> str:
 
 
 def probe(repeats: int = PROBE_REPEATS) -> float:
-    """Median seconds of a fixed workload shaped like the notebooks' training: two width-0.5
-    ResNet-20s (one on a one-core machine) side by side on host threads, every op
-    single-threaded on channels-last inputs, as `localsgd.train` runs replicas on a CPU; 4 SGD
-    steps each on 64 random 32-px images (float32) per repeat, after one untimed warm-up step.
-    Two at once also measures what two busy cores cost each other (shared caches, SMT)."""
+    """Seconds of a fixed workload shaped like the notebooks' training, the fastest of
+    ``repeats``: two width-0.5 ResNet-20s (one on a one-core machine) side by side on host
+    threads, every op single-threaded on channels-last inputs, as `localsgd.train` runs replicas
+    on a CPU; 4 SGD steps each on 64 random 32-px images (float32) per repeat, after one untimed
+    warm-up step (~4 s in all). Two at once also measures what two busy cores cost each other
+    (shared caches, SMT). The fastest repeat, not the median: other processes only ever slow a
+    repeat down, and a median of five once read 29 % slow at the start of a run whose notebooks
+    then ran at the reference's speed (docs/profile.md)."""
     import torch  # deferred: the estimate is printed before anything else imports torch
 
     from localsgd.engines.common import host_map
@@ -74,7 +76,7 @@ def probe(repeats: int = PROBE_REPEATS) -> float:
             times.append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(saved)
-    return statistics.median(times)
+    return min(times)
 
 
 @dataclass(frozen=True)
