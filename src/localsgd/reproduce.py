@@ -220,10 +220,11 @@ def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path,
 
     ``jobs`` = 1 runs them in order. ``jobs`` > 1 runs the `TIMED` ones first, one at a time
     with every core, then the others ``jobs`` at a time, longest first by ``expected`` seconds
-    (the committed ones), each kernel with ``cpu_count // jobs`` threads (`job_threads`): the
-    same command always gives a notebook the same thread count, so its float32 results stay
-    bitwise reproducible on one machine (they differ from a run with another thread count at
-    round-off level). Results come back in ``specs`` order.
+    (the committed ones), each kernel with ``cpu_count // jobs`` threads (`job_threads`). The
+    thread count does not change a CPU training run of K >= 2 replicas (`localsgd.train` runs
+    every op single-threaded and spreads the replicas over host threads); other float32 work may
+    differ at round-off level between thread counts, and the same command always gives a
+    notebook the same count. Results come back in ``specs`` order.
     """
     kwargs = {"mode": mode, "out_dir": out_dir, "build_dir": build_dir, "cwd": cwd,
               "kernel": kernel, "overrides": overrides, "profiled": profiled}
