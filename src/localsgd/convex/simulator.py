@@ -150,10 +150,8 @@ class TorchProblem:
         self.problem = problem
         self.n, self.d, self.lam = problem.n, problem.d, float(problem.lam)
         self.dtype = dtype
-        self.A = torch.from_numpy(problem.A).to(dtype)
-        self.b = torch.from_numpy(problem.b).to(dtype)
-        # signed rows b_i a_i: the label then never needs its own gather or multiply
-        self.Ab = torch.from_numpy(problem.A * problem.b[:, None]).to(dtype)
+        # signed rows b_i a_i: the label then never needs its own gather or multiply (no dense
+        # copy is kept: on w8a one is 60 MB in float32 and the SGD steps read the sparse rows)
         self.rows = SparseRows(problem.A * problem.b[:, None], dtype)
         rows = np.ascontiguousarray(np.hstack([problem.A, problem.b[:, None]]))
         # rows as opaque byte strings: a 1-D unique is ~10x faster than unique(axis=0)
