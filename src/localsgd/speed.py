@@ -3,8 +3,9 @@ and the committed per-notebook times scaled by it.
 
 The machine that writes the committed ``figures/`` also writes ``figures/machine_speed.json``:
 its probe time (the faster of a probe before and one after that run), its CPU, and the
-harness's seconds per notebook (a fresh clone: empty results cache). Before a long run, `estimate` times the same probe here and scales those seconds by the
-ratio of the two probe times. The probe is what the notebooks mostly do -- ResNet-20 forward,
+harness's seconds per notebook (a fresh clone: empty results cache). Before a long run,
+`estimate` times the same probe here and scales those seconds by the ratio of the two probe
+times. The probe is what the notebooks mostly do -- ResNet-20 forward,
 backward and SGD steps on the CPU -- so CPUs that differ in vector units (AVX2 vs AVX-512) or
 clock move it as they move the notebooks; it cannot see a warm results cache (then the run is
 faster than estimated) or another process sharing the cores (slower).

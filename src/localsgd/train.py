@@ -602,9 +602,10 @@ def train(
         checkpoint_every_steps: also checkpoint every this many updates (0: never).
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
-    batches since the previous record, before each update, augmented), test_loss / test_acc (averaged model),
-    lr_last (the lr of the epoch's last update), compute_seconds (cumulative, median worker per step), data_seconds (cumulative batch
-    preparation), wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
+    batches since the previous record, before each update, augmented), test_loss / test_acc
+    (averaged model), lr_last (the lr of the record's last update), compute_seconds
+    (cumulative, median worker per step), data_seconds (cumulative batch preparation),
+    wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
     gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
 
     On a CPU with K >= 2 replicas (`host_threads`) every op runs single-threaded for the run
