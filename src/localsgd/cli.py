@@ -201,13 +201,11 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
         raise ValueError(f"{given} need one process per worker: use --engine ddp")
     cfg = runner.resolve_config(args, None)
     checkpoints = args.out / "checkpoints"
-    if args.checkpoint_every and not args.resume and (checkpoints / "run.pt").exists():
-        raise ValueError(f"{checkpoints / 'run.pt'} holds an earlier run: pass --resume or "
-                         "choose another --out")
-    use_ckpt = args.checkpoint_every > 0 or args.resume
+    runner.prepare_resume(args, "run.pt")
+    use_ckpt = args.checkpoint_every > 0 or args.resume is not None
     records = train(cfg, checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
-                    checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
-                    progress=not args.no_progress)
+                    checkpoint_every_steps=args.checkpoint_every,
+                    resume=args.resume is not None, progress=not args.no_progress)
     summary = runner.write_outputs(args.out, records, None, [], {
         "engine": "replicas", "world_size": cfg.world_size, "steps": int(records.step.iloc[-1]),
         "seconds": float(records.wall_seconds.iloc[-1])})

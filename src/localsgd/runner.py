@@ -3,7 +3,7 @@
 Launch (one machine; ``localsgd train --engine ddp`` starts this for you)::
 
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m localsgd.runner \\
-        --config run.yaml --out runs/demo
+        --config run --out runs/demo
 
 (``-m localsgd.ddp`` is the same command.) Every rank validates the configuration before any
 process group exists, so a bad launch fails on all ranks at once with exit code 2 and a message
@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import typing
 from collections.abc import Callable
@@ -37,6 +38,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from localsgd import configs
 from localsgd import device as device_rule
 from localsgd.distributed import init_from_env
 from localsgd.engines.common import clone_tensors
@@ -46,6 +48,9 @@ from localsgd.train import TrainConfig, build_engine, load_dataset, train
 
 __all__ = ["SWEEP_OPTIONS", "add_run_arguments", "config_values", "engine_options",
            "format_summary", "main", "resolve_config", "sweep_runs", "write_outputs"]
+
+
+RESUME_REQUIRED, RESUME_AUTO = "required", "auto"  # --resume (bare) and --resume=auto
 
 
 def _field_parser(hint: Any) -> Callable[[str], Any]:
@@ -69,7 +74,9 @@ def _field_parser(hint: Any) -> Callable[[str], Any]:
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``python -m localsgd.runner`` and ``localsgd train``: every `TrainConfig`
     field as ``--field-name`` (overriding ``--config``), plus the runner's own options."""
-    p.add_argument("--config", type=Path, help="YAML file of TrainConfig fields")
+    p.add_argument("--config", metavar="NAME|FILE",
+                   help="a shipped config by name (" + ", ".join(configs.shipped()) + "; "
+                   "src/localsgd/configs/) or a YAML file of TrainConfig fields")
     cfg = p.add_argument_group("TrainConfig fields (override --config)")
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
@@ -85,8 +92,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="output folder: records.csv, timing.csv, summary.json, checkpoints/")
     r.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="checkpoint every N updates (per-rank files, written atomically)")
-    r.add_argument("--resume", action="store_true",
-                   help="continue from the last complete checkpoint in --out")
+    r.add_argument("--resume", nargs="?", const=RESUME_REQUIRED, default=None, metavar="auto|DIR",
+                   help="continue from the last complete checkpoint in --out (an error when "
+                   "there is none); --resume=auto: continue if --out holds one, else start "
+                   "fresh (for job scripts that are resubmitted); --resume DIR: continue from "
+                   "the checkpoints of an earlier run's output folder DIR, writing to --out")
     r.add_argument("--straggler-seconds", type=float, default=0.0)
     r.add_argument("--straggler-rate", type=float, default=0.0,
                    help="probability that a worker stalls at a step (independent, seeded)")
@@ -115,10 +125,7 @@ def config_values(args: argparse.Namespace) -> dict:
     """TrainConfig values: the YAML file, then the flags given."""
     values: dict = {}
     if args.config is not None:
-        loaded = yaml.safe_load(args.config.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{args.config}: expected a mapping of TrainConfig fields")
-        values.update(loaded)
+        values.update(configs.load(args.config))
     for key, value in vars(args).items():
         if key.startswith("cfg_"):  # present only when given (default=SUPPRESS): None counts
             values[key[4:]] = value
@@ -283,29 +290,31 @@ def _single(args: argparse.Namespace, rank: int, world: int) -> int:
     """One run (``--config`` and flags), or its eager and compiled versions (--compare-eager)."""
     try:  # every rank checks the same inputs, so a bad launch fails on all of them at once
         cfg = resolve_config(args, world)
-        checkpoints = args.out / "checkpoints"
-        if not args.resume and any(checkpoints.glob(f"run.rank{rank}.step*.pt")):
-            raise ValueError(f"{checkpoints} holds checkpoints of an earlier run: pass --resume "
-                             "to continue it, or choose another --out")
+        prepare_resume(args, f"run.rank{rank}.step*.pt")
         engine_options(args, cfg.seed)  # validates the straggler options
         placement = device_rule.resolve_from_env(cfg.device, args.backend, torchrun=True)
-    except ValueError as err:  # DeviceError included: no CUDA, too few GPUs, nccl on cpu, ...
-        print(f"[rank {rank}] error: {err}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as err:  # DeviceError included: no CUDA, nccl on cpu, ...
+        return _fail(rank, err)
     init_from_env(placement=placement)
     cfg = _placed(cfg, placement)
     try:
         if args.compare_eager:
             if args.compile is None or args.resume or args.checkpoint_every:
-                print(f"[rank {rank}] error: --compare-eager needs --compile MODE and no "
-                      "checkpoints (it trains the config twice from scratch)", file=sys.stderr)
-                return 2
-            eager = _run_once(args, cfg, args.out / "eager", None, rank, world)
-            compiled = _run_once(args, cfg, args.out / args.compile, args.compile, rank, world)
+                return _fail(rank, "--compare-eager needs --compile MODE and no checkpoints (it "
+                             "trains the config twice from scratch)")
+        try:  # prepared once per node before any rank reads it; one load serves every run
+            dataset = _prepared_dataset(cfg)
+        except (ValueError, OSError) as err:  # the same message on every rank
+            return _fail(rank, err)
+        if args.compare_eager:
+            eager = _run_once(args, cfg, args.out / "eager", None, rank, world, dataset=dataset)
+            compiled = _run_once(args, cfg, args.out / args.compile, args.compile, rank, world,
+                                 dataset=dataset)
             if rank == 0:
                 return _compare(eager, compiled, args)
             return 0
-        return 0 if _run_once(args, cfg, args.out, args.compile, rank, world) is not None else 2
+        return 0 if _run_once(args, cfg, args.out, args.compile, rank, world,
+                              dataset=dataset) is not None else 2
     finally:
         dist.destroy_process_group()
 
@@ -326,8 +335,7 @@ def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
                              "process group on one device: give every run the same device")
         placement = device_rule.resolve_from_env(devices[0], args.backend, torchrun=True)
     except (ValueError, OSError) as err:
-        print(f"[rank {rank}] error: {err}", file=sys.stderr)
-        return 2
+        return _fail(rank, err)
     init_from_env(placement=placement)
     runs = [(name, run, _placed(cfg, placement)) for name, run, cfg in runs]
     rows, datasets = [], {}
@@ -337,7 +345,10 @@ def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
             # process the same CPU (seconds for 16 processes on 2 cores)
             key = (cfg.dataset, cfg.n_train, cfg.n_test)
             if key not in datasets:
-                datasets[key] = load_dataset(cfg)
+                try:  # prepared once per node before any rank reads it
+                    datasets[key] = _prepared_dataset(cfg)
+                except (ValueError, OSError) as err:  # the same message on every rank
+                    return _fail(rank, err)
             dist.barrier()  # every run starts from aligned ranks (the previous one's tails)
             summary = _run_once(run, cfg, args.out / name, run.compile, rank, world,
                                 dataset=datasets[key])
@@ -373,15 +384,16 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
         return holder[0]
 
     checkpoints = out / "checkpoints"
-    use_ckpt = args.checkpoint_every > 0 or args.resume
+    use_ckpt = args.checkpoint_every > 0 or args.resume is not None
     graphs_before = _dynamo_graphs()
     try:
         records = train(cfg, engine=make_engine, dataset=dataset,
                         checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
-                        checkpoint_every_steps=args.checkpoint_every, resume=args.resume,
+                        checkpoint_every_steps=args.checkpoint_every,
+                        resume=args.resume is not None,
                         progress=not args.no_progress and rank == 0)
-    except ValueError as err:  # bad checkpoint or configuration: raised on every rank
-        print(f"[rank {rank}] error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # bad checkpoint, configuration or data: every rank
+        _fail(rank, err)
         return None
     engine = holder[0]
     timelines = engine.all_gather_object(engine.timeline)
@@ -400,6 +412,89 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
     summary["compiled_graphs"] = _dynamo_graphs() - graphs_before  # 0 for an eager run
     print(format_summary(summary))
     return summary
+
+
+def _fail(rank: int, err: Exception | str) -> int:
+    """Report a launch error once: every rank checks the same inputs and fails alike, so rank 0
+    alone prints the line (the others exit quietly with the same code)."""
+    if rank == 0:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+    return 2
+
+
+def prepare_resume(args: argparse.Namespace, pattern: str) -> None:
+    """Check ``--resume`` against the checkpoints in ``--out`` before anything trains.
+
+    ``pattern`` globs this process's checkpoint files in OUT/checkpoints. No ``--resume`` with
+    checkpoints present, or a bare ``--resume`` with none, is an error (a run never silently
+    restarts from step 0 or overwrites an earlier run); ``--resume=auto`` continues when there
+    are checkpoints and starts fresh otherwise; ``--resume DIR`` copies this process's newest
+    checkpoints from an earlier run's output folder DIR (or its checkpoints/) into an empty
+    OUT/checkpoints and continues from them. ``args.resume`` is left as the mode."""
+    checkpoints = Path(args.out) / "checkpoints"
+    present = sorted(checkpoints.glob(pattern))
+    mode = args.resume
+    if mode is None:
+        if present:
+            raise ValueError(f"{checkpoints} holds checkpoints of an earlier run: pass --resume "
+                             "to continue it, or choose another --out")
+        return
+    if mode in (RESUME_REQUIRED, RESUME_AUTO):
+        if not present and mode == RESUME_REQUIRED:
+            raise ValueError(f"--resume: no checkpoint to resume from in {checkpoints}; pass "
+                             "--resume=auto to start fresh when there is none (job scripts), or "
+                             "--resume DIR with an earlier run's output folder")
+        return
+    source = Path(mode)
+    source = source / "checkpoints" if (source / "checkpoints").is_dir() else source
+    found = sorted(source.glob(pattern))
+    if not found:
+        raise ValueError(f"--resume {mode}: no checkpoint matching {pattern} in {source}")
+    if present and source.resolve() != checkpoints.resolve():
+        raise ValueError(f"--resume {mode}: {checkpoints} already holds checkpoints; choose an "
+                         "empty --out to continue another run's checkpoints in")
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for f in found:
+        if source.resolve() != checkpoints.resolve():
+            shutil.copy2(f, checkpoints / f.name)
+
+
+def _prepared_dataset(cfg: TrainConfig):
+    """``load_dataset(cfg)`` on this rank, once the data set is prepared on its node.
+
+    The first process of every node (``LOCAL_RANK`` 0) loads it first -- downloads, extracts and
+    decodes into the cache whatever ``load_dataset`` needs -- while every other rank waits; then
+    the others load it from the prepared cache, so ranks never download into one folder at once.
+    Per node rather than on global rank 0 alone: each node may have its own cache (the default
+    ``~/.cache/localsgd`` is node-local). Nodes sharing one cache folder are serialized by the
+    inter-process lock `localsgd.data` holds around a download: the first node fetches, the
+    others wait for it and find the finished copy.
+
+    The wait is an ``all_gather_object`` (a barrier that also carries each preparing rank's
+    ``ValueError``/``OSError``): when preparation fails, every rank raises it (one line, the same
+    on every rank, so rank 0 can report a failure on another node) instead of waiting at a
+    barrier for a rank that has given up. ``synthetic`` data is computed, not read: every rank
+    builds it at once.
+    """
+    if cfg.dataset == "synthetic":
+        return load_dataset(cfg)
+    dataset, error = None, None
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            dataset = load_dataset(cfg)
+        except (ValueError, OSError) as err:
+            error = err
+    reports: list = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, None if error is None else (
+        dist.get_rank(), isinstance(error, OSError), " ".join(str(error).split())))
+    failed = next((r for r in reports if r is not None), None)
+    if failed is not None:
+        rank, is_os_error, message = failed
+        if error is not None and rank == dist.get_rank():
+            raise error
+        raise (OSError if is_os_error else ValueError)(
+            f"rank {rank} could not prepare the data: {message}")
+    return dataset if dataset is not None else load_dataset(cfg)
 
 
 def _placed(cfg: TrainConfig, placement: device_rule.Placement) -> TrainConfig:

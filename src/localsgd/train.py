@@ -34,6 +34,7 @@ import math
 import signal
 import threading
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,9 +247,44 @@ class TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; valid fields: "
-                             f"{sorted(known)}")
-        return cls(**values)
+            import difflib
+
+            close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+            hints = "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}"
+                             + (f" ({hints})" if hints else "")
+                             + f"; valid fields: {sorted(known)}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _typed(k, v, hints[k]) for k, v in values.items()})
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the field's annotation (a YAML file or a flag gives plain data):
+    ints where an int is declared, numbers where a float is (an int or a numeric string such as
+    YAML 1.1's ``1e-4``, which PyYAML reads as text, becomes a float), booleans, strings, None
+    for optional fields, a list of numbers for a tuple. A wrong type is one ValueError line."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is float and not isinstance(value, bool):
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint in (int, bool, str) and type(value) is hint:  # exact: True is not an int here
+        return value
+    elif typing.get_origin(hint) is tuple and isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return tuple(float(v) for v in value)
+    expected = {float: "a number", int: "an integer", bool: "true or false",
+                str: "a string"}.get(hint, "a list of numbers")
+    optional = " or null" if type(None) in args else ""
+    raise ValueError(f"{name}: {value!r} ({type(value).__name__}) is not {expected}{optional}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -665,6 +701,9 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
         engine.load_state_dict(state["engine"])
         records = list(state["records"])
         tot = _Totals(**state["totals"])
+        if ranks[0] == 0:  # a resumed run says so, once: it never silently restarts
+            print(f"resumed from update {engine.t} of {total} (checkpoint in "
+                  f"{Path(checkpoint_path).parent})", flush=True)
 
     def snapshot() -> dict:
         return {"format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "engine": engine.state_dict(),

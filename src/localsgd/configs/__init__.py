@@ -45,7 +45,14 @@ def load(name_or_path: str | os.PathLike) -> dict:
     import yaml
 
     path = resolve(name_or_path)
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:  # one line: where, and what the parser saw
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ValueError(f"config {path}: not valid YAML{at}: {problem}") from None
     if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping of TrainConfig fields")  # noqa: TRY004
+        raise ValueError(f"config {path}: expected a mapping of TrainConfig fields "  # noqa: TRY004
+                         f"(name: value lines), got {type(values).__name__}")
     return values
