@@ -43,13 +43,31 @@ def test_train_replicas_resume_ends_where_the_uninterrupted_run_ended(tmp_path, 
     # the guard: an existing checkpoint is never overwritten silently
     assert cli(["train", "--config", str(cfg), "--out", str(run), "--no-progress",
                 "--checkpoint-every", "3"]) == 2
-    assert "holds an earlier run: pass --resume" in capsys.readouterr().err
-    # a resume continues from the last checkpoint (update 6) and ends bitwise where the
-    # uninterrupted run ended
+    assert "holds checkpoints of an earlier run: pass --resume" in capsys.readouterr().err
+    # a bare --resume where there is nothing to resume is an error, never a silent fresh start
+    assert cli(["train", "--config", str(cfg), "--out", str(tmp_path / "none"),
+                "--no-progress", "--resume"]) == 2
+    assert "no checkpoint to resume from" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+    # a resume continues from the last checkpoint (update 6), says so, and ends bitwise where
+    # the uninterrupted run ended
     assert cli(["train", "--config", str(cfg), "--out", str(run), "--no-progress",
                 "--resume"]) == 0
+    assert "resumed from update 6 of 8" in capsys.readouterr().out
     pd.testing.assert_frame_equal(_records(run), _records(ref), check_exact=True)
     assert _records(ref).step.iloc[-1] == 8
+    # --resume=auto (job scripts): a fresh start where there is no checkpoint, then a resume
+    auto = tmp_path / "auto"
+    assert cli(["train", "--config", str(cfg), "--out", str(auto), "--no-progress",
+                "--resume=auto", "--checkpoint-every", "3"]) == 0
+    assert "resumed" not in capsys.readouterr().out
+    pd.testing.assert_frame_equal(_records(auto), _records(ref), check_exact=True)
+    # --resume DIR: continue another run's checkpoints (update 6 of run/) into a new folder
+    other = tmp_path / "other"
+    assert cli(["train", "--config", str(cfg), "--out", str(other), "--no-progress",
+                "--resume", str(run)]) == 0
+    assert "resumed from update 6 of 8" in capsys.readouterr().out
+    pd.testing.assert_frame_equal(_records(other), _records(ref), check_exact=True)
 
 
 def test_train_ddp_engine_equals_replicas_engine(tmp_path):

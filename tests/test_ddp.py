@@ -411,14 +411,16 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
         monkeypatch.setenv("WORLD_SIZE", "2")
         assert main(args) == 2
         err = capsys.readouterr().err
-        assert f"[rank {rank}] {needs}" in err, err
-        assert "multiples of 2 (2, 4, 6, 8, ...)" in err
+        if rank == 0:  # rank 0 reports for all (they check the same inputs), in one line
+            assert err.startswith(needs) and err.count("\n") == 1, err
+            assert "multiples of 2 (2, 4, 6, 8, ...)" in err
+        else:
+            assert err == "", err
     monkeypatch.undo()
-    # under torchrun the launch fails (no hang: the timeout would raise) and the first rank to
-    # fail is reported
+    # under torchrun the launch fails (no hang: the timeout would raise), reported once
     r = _torchrun(2, *args, timeout=60)
     assert r.returncode != 0
-    assert re.search(rf"\[rank [01]\] {needs}", r.stderr), r.stderr[-2000:]
+    assert r.stderr.count(needs) == 1, r.stderr[-2000:]
     assert not (tmp_path / "o").exists()  # nothing trained, nothing written
 
 
@@ -592,7 +594,7 @@ def test_runner_applies_the_device_rule_before_any_process_group(tmp_path, monke
             monkeypatch.setenv(key, str(value))
         assert main(["--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
         err = capsys.readouterr().err
-        assert f"[rank {rank}] error:" in err and words in err, err
+        assert (err.startswith("error:") and words in err) if rank == 0 else err == "", err
     assert not (tmp_path / "o").exists()
 
 
