@@ -8,6 +8,8 @@ MODE ?= quick
 # notebooks at once: quick mode runs the ones that measure no time two at a time, one thread
 # each (docs/profile.md: 0.88x the wall time of one notebook at a time on two cores)
 JOBS ?= $(if $(filter quick,$(MODE)),2,1)
+# more `localsgd reproduce` flags, e.g. ARGS="--only fig04_convex_time --set seeds=1"
+ARGS ?=
 
 .PHONY: reproduce test lab
 PORT ?= 8888
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 reproduce: $(STAMP)
-	$(BIN)/localsgd reproduce --mode $(MODE) --jobs $(JOBS)
+	$(BIN)/localsgd reproduce --mode $(MODE) --jobs $(JOBS) $(ARGS)
 
 # two xdist workers on two cores: one OpenMP thread each avoids oversubscription
 test: $(STAMP)
