@@ -4,9 +4,10 @@
   whose first line starts with ``# setup``); a page's expected output, where listed, is checked.
 - ```py blocks are torchrun scripts: run under torchrun with the process count their first line
   names (``--nproc-per-node N``); the README's script also checks that the ranks end in consensus.
-- ```bash blocks are not run (they train for minutes or need a cluster): every ``localsgd``
-  command and ``python -m localsgd...`` module they name must answer ``--help`` with exit code 0,
-  and every ``--flag`` given to it must appear in that help.
+- ```bash blocks are run, command by command, by tests/test_doc_commands.py.
+- Commands quoted inline in the prose (`` `localsgd reproduce --jobs 2` ``) are references, not
+  instructions: every ``localsgd`` command and ``python -m localsgd...`` module they name must
+  answer ``--help`` with exit code 0, and every ``--flag`` given to it must appear in that help.
 """
 
 from __future__ import annotations
@@ -81,7 +82,6 @@ PYTHON = blocks("python")
 SETUPS = {b.page: b for b in PYTHON if _is_setup(b)}
 EXAMPLES = [b for b in PYTHON if not _is_setup(b)]
 SCRIPTS = blocks("py")
-SHELL = [b for b in blocks() if b.lang in ("bash", "sh", "shell", "console")]
 
 
 def test_every_block_has_a_known_language():
@@ -243,13 +243,27 @@ def help_text(cmd: tuple[str, ...]) -> str:
     return out.getvalue()
 
 
-SHELL_CALLS = [(b, cmd, flags) for b in SHELL for cmd, flags in invocations(b.code)]
+def inline_commands() -> list[Block]:
+    """The prose's inline code spans that quote a localsgd command (fenced blocks left out)."""
+    out = []
+    for page in PAGES:
+        text = page.read_text()
+        prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+        for m in re.finditer(r"`([^`\n]+)`", prose):
+            span = m.group(1)
+            if re.match(r"(\S*/)?localsgd |(python3? )?-m localsgd|torchrun ", span):
+                out.append(Block(page.name, "", "inline", span,
+                                 prose[: m.start()].count("\n") + 1))
+    return out
 
 
-def test_the_shell_blocks_name_localsgd_commands():
+SHELL_CALLS = [(b, cmd, flags) for b in inline_commands() for cmd, flags in invocations(b.code)]
+
+
+def test_the_prose_quotes_localsgd_commands():
     named = {cmd for _, cmd, _ in SHELL_CALLS}
     assert ("localsgd", "reproduce") in {c[:2] for c in named}
-    assert any(c[0] == "-m" for c in named), "the runner's torchrun commands were not found"
+    assert any(c[0] == "-m" for c in named), "no `python -m localsgd.runner` quoted?"
 
 
 def test_invocation_parser():
