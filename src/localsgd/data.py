@@ -2,7 +2,13 @@
 
 Folders: ``$LOCALSGD_DATA`` (read-only copies a user or CI provides) is searched first, then the
 writable cache ``cache_dir()`` (``$LOCALSGD_CACHE`` or ``~/.cache/localsgd``), where downloads
-and parsed arrays go.
+and parsed arrays go. ``$LOCALSGD_MIRROR`` (a folder or URL base holding the canonical file names:
+``w8a``, ``cifar-10-python.tar.gz``, ``cifar-100-python.tar.gz``) replaces the original download
+sites, e.g. on a cluster without internet; checksums are checked all the same (`mirror_url`).
+
+Downloads are written by one process at a time: each holds an inter-process lock in the cache
+(`localsgd.paths.file_lock`) and looks again once it has it, so processes started together (the
+ranks of a torchrun job, two notebooks, nodes sharing a file system) fetch a file once.
 
 Sections: checksums/downloads · LIBSVM (w8a, the convex experiments of §3.4 / Appendix E) · images (CIFAR-10/100
 and ImageNet, §4.1) · the per-epoch data partition of §4.2.1 · batched augmentation on tensors.
@@ -16,7 +22,9 @@ import hashlib
 import io
 import os
 import shutil
+import sys
 import tarfile
+import urllib.parse
 import urllib.request
 import warnings
 import zipfile
@@ -29,7 +37,12 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from localsgd.paths import atomic_path, cache_dir, data_dirs  # data.cache_dir/data_dirs are public
+from localsgd.paths import (  # data.cache_dir/data_dirs are public
+    atomic_path,
+    cache_dir,
+    data_dirs,
+    file_lock,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Checksums and downloads (the folders themselves live in paths.py)
@@ -42,6 +55,18 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def mirror_url(filename: str) -> str | None:
+    """Where ``$LOCALSGD_MIRROR`` serves ``filename`` (a ``file://`` URL for a folder), or None
+    when it is unset. The mirror replaces the original download site, it is no fallback: a file
+    it lacks is a download error naming the mirror."""
+    base = os.environ.get("LOCALSGD_MIRROR", "").strip()
+    if not base:
+        return None
+    if "://" in base:
+        return base.rstrip("/") + "/" + filename
+    return (Path(base).expanduser().resolve() / filename).as_uri()
 
 
 def _download(url: str, dest: Path, sha256: str, timeout: float = 60.0) -> Path:
@@ -189,8 +214,12 @@ def load_libsvm(name_or_path: str | Path, *,
         dest = cache_dir() / name
         if not download:
             raise FileNotFoundError(_missing_message(name, spec, "downloads are disabled"))
+        url = mirror_url(spec.url.rsplit("/", 1)[-1]) or spec.url
         try:
-            raw = _download(spec.url, dest, spec.sha256)
+            with file_lock(cache_dir() / f".{name}.lock", f"downloading {name}"):
+                raw = _find_raw(name)  # another process may have fetched it meanwhile
+                if raw is None:
+                    raw = _download(url, dest, spec.sha256)
         except (OSError, ValueError) as err:  # URLError is an OSError
             why = f"download failed: {err}"
             raise FileNotFoundError(_missing_message(name, spec, why)) from err
@@ -208,7 +237,8 @@ def _missing_message(name: str, spec: LibsvmSpec, why: str) -> str:
     return (
         f"data file '{name}' not found (looked at {where}) and {why}. Download it from "
         f"{spec.url} (sha256 {spec.sha256}) and put it at $LOCALSGD_DATA/{name} "
-        f"(set the LOCALSGD_DATA environment variable to that folder)."
+        f"(set the LOCALSGD_DATA environment variable to that folder), or set LOCALSGD_MIRROR "
+        f"to a folder or URL holding it."
     )
 
 
@@ -416,8 +446,14 @@ def load_cifar(name: str = "cifar10", *, download: bool = True,
        source (archive bytes, folder listing, or the canonical archive's md5), so a JPEG copy and
        the canonical pickles never share an entry. A corrupt or invalid entry is decoded again,
        not trusted.
-    3. ``torchvision.datasets.CIFAR10/100(root=cache_dir(), download=True)`` (md5-checked), only
-       when ``download`` is true.
+    3. torchvision's canonical archive, md5-checked and extracted into ``cache_dir()``, only when
+       ``download`` is true (`_torchvision_download`: once across processes, from
+       ``$LOCALSGD_MIRROR`` when set).
+
+    torchvision's pickles are md5-checked when decoded. A torn copy in ``cache_dir()`` (a file
+    missing or failing its md5, e.g. left by an older, unlocked download) is removed and
+    downloaded again; one in ``$LOCALSGD_DATA``, which is never written, is a ``ValueError``
+    naming the file and the fix.
 
     Counts are validated: ``expected_counts`` (train, test) images, 10 or 100 classes, 3×32×32.
     ``expected_counts=None`` relaxes the count check (tests build tiny copies).
@@ -434,7 +470,13 @@ def load_cifar(name: str = "cifar10", *, download: bool = True,
         npz = folder / f"{name}-{source.kind}-{_source_key(name, source)}.npz"
         ds = _load_cifar_cache(npz, name, expected_counts)
         if ds is None:
-            ds = _decode_cifar(name, source)
+            try:
+                ds = _decode_cifar(name, source)
+            except _TornCopy:
+                if not (download and source.path.parent.resolve() == cache_dir().resolve()):
+                    raise  # $LOCALSGD_DATA is the user's: report, never delete
+                _download_cifar(name, looked)  # removes the torn folder (a warning says so)
+                ds = _decode_cifar(name, source)
             _validate_cifar(ds, name, expected_counts)
             _save_cifar_cache(npz, ds)
         return ds
@@ -447,19 +489,122 @@ def load_cifar(name: str = "cifar10", *, download: bool = True,
             return ds
     if not download:
         raise FileNotFoundError(_cifar_missing(name, looked, "downloads are disabled"))
-    try:
-        _torchvision_download(name, cache_dir())
-    except (OSError, RuntimeError, ValueError) as err:  # URLError is an OSError
-        raise FileNotFoundError(_cifar_missing(name, looked, f"download failed: {err}")) from err
+    _download_cifar(name, looked)
     return load_cifar(name, download=False, expected_counts=expected_counts)
 
 
-def _torchvision_download(name: str, root: Path) -> None:
-    """torchvision's own checksummed download of the canonical archive, extracted into ``root``."""
+def _download_cifar(name: str, looked: list[Path]) -> None:
+    """`_torchvision_download` into ``cache_dir()``; a failure is one ``FileNotFoundError``."""
+    try:
+        _torchvision_download(name, cache_dir())
+    except (OSError, RuntimeError, ValueError) as err:  # URLError is an OSError
+        why = f"download failed: {' '.join(str(err).split())}"
+        raise FileNotFoundError(_cifar_missing(name, looked, why)) from err
+
+
+def _tv_class(name: str) -> Any:
     from torchvision import datasets  # deferred: torchvision is slow to import
 
-    getattr(datasets, CIFAR_DATASETS[name].torchvision_class)(root=str(root), train=True,
-                                                              download=True)
+    return getattr(datasets, CIFAR_DATASETS[name].torchvision_class)
+
+
+class _TornCopy(ValueError):
+    """torchvision's pickles of a CIFAR variant with a file missing or failing its md5."""
+
+
+def _torn_file(name: str, folder: Path) -> Path | None:
+    """The first file of torchvision's ``folder`` that is missing or fails its md5, else None."""
+    from torchvision.datasets.utils import check_integrity  # deferred: slow to import
+
+    cls = _tv_class(name)
+    for fname, md5 in [*cls.train_list, *cls.test_list, (cls.meta["filename"], cls.meta["md5"])]:
+        if not check_integrity(str(folder / fname), md5):
+            return folder / fname
+    return None
+
+
+def _remove_tree(path: Path) -> None:
+    """Move ``path`` aside (one atomic rename: no reader sees it half deleted), then delete it."""
+    if not path.exists():
+        return
+    aside = path.with_name(f".{path.name}.removing{os.getpid()}")
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _torchvision_download(name: str, root: Path) -> None:
+    """torchvision's canonical archive of ``name`` (md5-checked; from ``$LOCALSGD_MIRROR`` when
+    set), extracted into ``root/<torchvision folder>`` by one process at a time.
+
+    Under the lock ``root/.<name>.lock`` (`localsgd.paths.file_lock`): a complete folder another
+    process made while this one waited is kept (nothing is fetched); a torn folder (a file
+    missing or failing its md5) is removed; a partial archive (left by a killed download: its md5
+    does not match) is removed and fetched again. The archive is extracted into a staging
+    folder, checked file by file and renamed into place, so a reader never sees a partial
+    folder; the archive is deleted afterwards.
+    """
+    from torchvision.datasets import utils as tv_utils  # deferred: slow to import
+
+    cls, spec, root = _tv_class(name), CIFAR_DATASETS[name], Path(root)
+    final, archive = root / spec.torchvision_folder, root / cls.filename
+    with file_lock(root / f".{name}.lock", f"downloading {name}"):
+        if final.is_dir():
+            torn = _torn_file(name, final)
+            if torn is None:
+                return  # another process finished it while this one waited
+            warnings.warn(f"{torn}: missing or fails its md5 (a torn download); removing "
+                          f"{final} and downloading {name} again", stacklevel=2)
+            _remove_tree(final)
+        if archive.is_file() and not tv_utils.check_integrity(str(archive), cls.tgz_md5):
+            warnings.warn(f"{archive}: a partial or corrupt archive (its md5 is not "
+                          f"{cls.tgz_md5}); removing it and downloading it again", stacklevel=2)
+            archive.unlink()
+        url = mirror_url(cls.filename) or cls.url
+        if not archive.is_file():
+            _fetch_archive(url, archive, cls.tgz_md5)
+        staging = root / f".{spec.torchvision_folder}.partial"
+        _remove_tree(staging)
+        try:
+            with tarfile.open(archive, mode="r:*") as tf:
+                tf.extractall(staging, filter="data")
+        except (tarfile.TarError, EOFError, zlib.error) as err:
+            raise ValueError(f"{archive}: passes its md5 but cannot be extracted ({err})") from err
+        torn = _torn_file(name, staging / spec.torchvision_folder)
+        if torn is not None:
+            raise ValueError(f"{archive}: passes its md5 but its {torn.name} does not")
+        os.rename(staging / spec.torchvision_folder, final)
+        _remove_tree(staging)
+        archive.unlink()
+
+
+def _fetch_archive(url: str, dest: Path, md5: str) -> None:
+    """Fetch ``url`` to ``dest`` and check its md5: a ``file://`` URL (a mirror folder) is copied,
+    anything else is torchvision's ``download_url`` (with its progress bar). A wrong md5 is a
+    ``ValueError``; nothing partial is left behind (a killed fetch is caught by the md5 check
+    before the next one)."""
+    from torchvision.datasets import utils as tv_utils  # deferred: slow to import
+
+    print(f"downloading {url} to {dest}", file=sys.stderr, flush=True)
+    try:
+        if url.startswith("file:"):
+            source = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+            if not source.is_file():
+                raise FileNotFoundError(f"{source} does not exist (LOCALSGD_MIRROR="
+                                        f"{os.environ.get('LOCALSGD_MIRROR', '')})")
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(source, tmp)
+        else:
+            tv_utils.download_url(url, str(dest.parent), dest.name, md5)
+        if not tv_utils.check_integrity(str(dest), md5):
+            raise RuntimeError("md5 mismatch")
+    except RuntimeError as err:  # torchvision's "File not found or corrupted." after a fetch
+        dest.unlink(missing_ok=True)
+        raise ValueError(f"{url}: the fetched {dest.name} does not match torchvision's md5 "
+                         f"{md5} (partial, or not the canonical file); removed it") from err
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
 
 
 def _cifar_missing(name: str, looked: list[Path], why: str) -> str:
@@ -470,7 +615,8 @@ def _cifar_missing(name: str, looked: list[Path], why: str) -> str:
         f"({name}-jpeg.tar.gz, or a folder {name}-jpeg/ holding train/<class>/*.jpg and "
         f"test/<class>/*.jpg) or torchvision's {spec.torchvision_folder}/ into a folder and set "
         f"the LOCALSGD_DATA environment variable to it, or pass download=True to let torchvision "
-        f"download it into {cache_dir()}."
+        f"download it into {cache_dir()} (from $LOCALSGD_MIRROR, a folder or URL holding "
+        f"torchvision's archive, when set)."
     )
 
 
@@ -550,8 +696,10 @@ def _decode_cifar(name: str, source: _Source) -> ImageDataset:
             train = cls(root=str(source.path.parent), train=True, download=False)
             test = cls(root=str(source.path.parent), train=False, download=False)
         except RuntimeError as err:  # torchvision's md5 check failed
-            raise ValueError(f"{source.path}: torchvision's {name} files are incomplete or corrupt "
-                             f"({err}); delete the folder and download again") from err
+            bad = _torn_file(name, source.path) or source.path
+            raise _TornCopy(f"{bad}: missing or fails torchvision's md5 check, so {source.path} is "
+                            f"a torn or partial copy of {name}; replace the folder with a complete "
+                            f"copy, or delete it to let localsgd download {name} again") from err
         xs = [torch.from_numpy(d.data).permute(0, 3, 1, 2).contiguous() for d in (train, test)]
         ys = [torch.as_tensor(d.targets, dtype=torch.int64) for d in (train, test)]
         classes, where = list(train.classes), f"torchvision pickles {source.path}"

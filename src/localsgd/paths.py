@@ -1,4 +1,4 @@
-"""Where files go: the data folders, the writable cache, and atomic writes.
+"""Where files go: the data folders, the writable cache, atomic writes and inter-process locks.
 
 One home for the folder helpers that ``data`` and ``results`` both need, so neither module has to
 import the other.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,3 +47,40 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike, what: str = "") -> Iterator[None]:
+    """Hold an exclusive inter-process lock on the file ``path`` (created, and kept) while inside.
+
+    ``fcntl.flock``: it serializes processes on one machine and, on a shared file system that
+    supports locks (NFSv4, Lustre, GPFS), processes on different nodes; the kernel releases it
+    when its holder dies, so a killed download never leaves a stale lock. A process that has to
+    wait says so once on stderr, naming ``what`` it waits for and the lock file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: filelock (a torch dependency) picks the platform's lock
+        from filelock import FileLock
+
+        with FileLock(path):
+            yield
+        return
+    with open(path, "a+b") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for another process to finish {what or 'its work'} (lock {path})",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError as err:  # a file system without locks (ENOLCK, EOPNOTSUPP): go on
+            warnings.warn(f"{path}: this file system does not support file locks ({err}); "
+                          "going on without one", stacklevel=3)
+            yield
+            return
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -298,10 +298,10 @@ def _single(args: argparse.Namespace, rank: int, world: int) -> int:
     init_from_env(placement=placement)
     cfg = _placed(cfg, placement)
     try:
-        if args.compare_eager:
-            if args.compile is None or args.resume or args.checkpoint_every:
-                return _fail(rank, "--compare-eager needs --compile MODE and no checkpoints (it "
-                             "trains the config twice from scratch)")
+        if args.compare_eager and (args.compile is None or args.resume
+                                   or args.checkpoint_every):
+            return _fail(rank, "--compare-eager needs --compile MODE and no checkpoints (it "
+                         "trains the config twice from scratch)")
         try:  # prepared once per node before any rank reads it; one load serves every run
             dataset = _prepared_dataset(cfg)
         except (ValueError, OSError) as err:  # the same message on every rank
