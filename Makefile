@@ -8,7 +8,7 @@ MODE ?= quick
 # notebooks at once: quick mode runs the ones that measure no time two at a time, one thread
 # each (docs/profile.md: 0.88x the wall time of one notebook at a time on two cores)
 JOBS ?= $(if $(filter quick,$(MODE)),2,1)
-# more `localsgd reproduce` flags, e.g. ARGS="--only fig04_convex_time --set seeds=1"
+# more `localsgd reproduce` flags, e.g. ARGS="--only fig04_convex_time --set n_seeds=1"
 ARGS ?=
 
 .PHONY: reproduce test lab

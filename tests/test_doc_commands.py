@@ -184,8 +184,8 @@ RUNS = [
         "one smoke-size notebook into the temporary folder (the full quick run is make "
         "reproduce itself, ~20 min)", _files("figures/appB_comm_cost.*", "figures/REPORT.md")),
     Run(r"^make test$", skip="the test suite itself: this test is part of it"),
-    Run(r"reproduce --only appB_comm_cost --set c_inter=20 --out-dir build/try$",
-        check=_files("build/try/appB_comm_cost.*")),
+    Run(r'^make reproduce ARGS="--only appB_comm_cost --set c_inter=20 --out-dir build/try"$',
+        check=_all(_files("build/try/appB_comm_cost.*"), _prints("c_inter=20"))),
     Run(r"^make lab$", "PORT={port}", "a free port; the server must answer, then it is stopped"),
     Run(r"python3 -m venv \.venv", why="a fresh virtual environment in a copy of the checkout",
         check=_prints("import ok"), timeout=600),
@@ -202,8 +202,9 @@ RUNS = [
         _files("runs/r20/summary.json"), needs_cifar=True),
     # docs/notebooks.md
     Run(r"--mode paper --only fig04_convex_time fig05_convex_speedup --out-dir figures/paper",
-        "--set seeds=1",  # TODO(size): shrink the grid further once --set lands
-        "the full-scale grid takes 11 min: one seed", _files("figures/paper/fig04_convex_time.*")),
+        "--set n_seeds=1 --set 'Hs=[1,16]' --set epsilon=0.02",
+        "the full-scale grid takes 11 min: one seed, two H, a looser target (about 1 min)",
+        _files("figures/paper/fig04_convex_time.csv", "figures/paper/fig05_convex_speedup.csv")),
     Run(r"^localsgd reproduce --list$", check=_prints("appB_comm_cost", "fig04_convex_time")),
     Run(r"^localsgd reproduce --mode smoke --only appB_comm_cost --out-dir build/smoke$",
         check=_files("build/smoke/appB_comm_cost.*")),

@@ -14,7 +14,8 @@ from localsgd import dry_run, reproduce
 from localsgd.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-PAPER = sorted(nb for nb in reproduce.discover(REPO / "notebooks") if nb not in dry_run.SKIP)
+PAPER = sorted(nb for nb in reproduce.discover(REPO / "notebooks")
+               if nb not in dry_run.SKIP and nb not in reproduce.CLUSTER_ONLY)
 
 
 def test_dry_run_needs_paper_mode_and_never_writes_figures(capsys):
@@ -31,7 +32,9 @@ def test_dry_run_needs_paper_mode_and_never_writes_figures(capsys):
 def test_skipped_notebooks_say_why(tmp_path, capsys):
     code = main(["reproduce", "--mode", "paper", "--dry-run", "1", "--only", "dynamo_ddp",
                  "--out-dir", str(tmp_path / "out"), "--build-dir", str(tmp_path / "b")])
-    assert code == 0 and "skipped dynamo_ddp: paper mode is torchbench" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert code == 0 and "skipped dynamo_ddp: paper mode is six torchbench models" in out
+    assert "run this command instead:\n  localsgd reproduce --mode quick --only dynamo_ddp" in out
 
 
 @pytest.mark.parametrize("nb_id", PAPER)

@@ -38,6 +38,10 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     r = sub.add_parser("reproduce", help="execute the notebooks and write figures/ + REPORT.md")
     r.add_argument("--mode", default="quick", help=f"one of {', '.join(MODES)} (default quick)")
     r.add_argument("--only", nargs="+", metavar="ID", help="notebook ids to run (default: all)")
+    r.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="sets",
+                   help="set one notebook parameter (repeatable; the value is YAML, e.g. --set "
+                   "n_seeds=1 --set 'Hs=[1, 2]'); every selected notebook's parameters cell must "
+                   "define NAME; applied after the mode's notebooks/params/<id>/<mode>.yaml")
     r.add_argument("--list", action="store_true", help="list notebook ids and exit")
     r.add_argument("--notebooks", type=Path, default=root / "notebooks", help=argparse.SUPPRESS)
     r.add_argument("--out-dir", type=Path, default=None,
@@ -213,7 +217,8 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path) -> int:
+def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
+             sets: dict[str, Any]) -> int:
     """``reproduce --mode paper --dry-run N`` (`localsgd.dry_run`)."""
     import tempfile
 
@@ -227,20 +232,17 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path) -> in
     out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="localsgd-dry-run-"))).resolve()
     if out_dir == figures.resolve() or figures.resolve() in out_dir.parents:
         raise ValueError("a dry run never writes into figures/: pick another --out-dir (or none)")
-    for spec in specs:
-        if spec.id in dry_run.SKIP:
-            print(f"skipped {spec.id}: {dry_run.SKIP[spec.id]}")
-    specs = [s for s in specs if s.id not in dry_run.SKIP]
     os.environ[dry_run.ENV] = str(args.dry_run)  # the kernels inherit it
-    try:
+    try:  # paper mode's own skips (reproduce.CLUSTER_ONLY) come with the commands to run
         results = h.run(specs, "paper", out_dir=out_dir,
                         build_dir=args.build_dir.resolve(), cwd=args.notebooks.resolve().parent,
-                        kernel=args.kernel, overrides={"device": "cpu"})
+                        kernel=args.kernel, sets=sets, overrides={"device": "cpu"},
+                        skip=dry_run.SKIP)
     finally:
         del os.environ[dry_run.ENV]
     print(h.summary_table(results))
     print(f"dry run ({args.dry_run} updates per run; not results): outputs in {out_dir}")
-    failed = [r.id for r in results if r.status != "ok"]
+    failed = [r.id for r in results if r.status == "failed"]
     if failed:
         print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1
@@ -260,7 +262,8 @@ def _write_profile(args: argparse.Namespace, results: list, probe_s: float | Non
     head = (f"Measured {datetime.date.today()} on {speed.cpu_model()} "
             f"({os.cpu_count()} cores{f', probe {probe_s:.3f} s' if probe_s else ''}), commit "
             f"{str(state.get('commit', '?'))[:7]}, mode {args.mode}: `localsgd reproduce --mode "
-            f"{args.mode}{f' --jobs {args.jobs}' if args.jobs > 1 else ''} --profile "
+            f"{args.mode}{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"
+            f"{''.join(f' --set {item}' for item in args.sets)} --profile "
             f"{args.profile}`. Seconds of wall time; phases are defined in "
             "`src/localsgd/profile.py`."
             + (f" With {args.jobs} notebooks at once the run took {wall:.0f} s of wall time, "
@@ -271,6 +274,7 @@ def _write_profile(args: argparse.Namespace, results: list, probe_s: float | Non
 def _reproduce(args: argparse.Namespace) -> int:
     from localsgd import reproduce as h  # deferred: nbformat takes seconds to import
 
+    sets = h.parse_sets(args.sets)
     if args.list:
         for nb_id, path in h.discover(args.notebooks).items():
             modes = [m for m in h.MODES if (path.parent / "params" / nb_id / f"{m}.yaml").exists()]
@@ -284,16 +288,23 @@ def _reproduce(args: argparse.Namespace) -> int:
         if gpu not in known:
             raise ValueError(f"--gpu {gpu!r}: no throughput for it; known: {', '.join(known)}")
         mode = "paper" if args.mode == "quick" and "--mode" not in sys.argv else args.mode
-        h.plan(args.notebooks, mode, args.only)  # unknown ids / modes: the harness's errors
-        print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, args.only, mode), gpu).format())
+        h.plan(args.notebooks, mode, args.only, sets)  # unknown ids / modes: the harness's errors
+        print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, args.only, mode, sets),
+                            gpu).format())
         return 0
-    specs = h.plan(args.notebooks, args.mode, args.only)
+    specs = h.plan(args.notebooks, args.mode, args.only, sets)
+    if sets:
+        print(f"--set (every selected notebook): {h.format_sets(sets)}", flush=True)
     reference = args.notebooks.resolve().parent / "figures" / speed.SPEED_FILE
     if args.dry_run is not None:
-        return _dry_run(args, h, specs, reference.parent)
+        return _dry_run(args, h, specs, reference.parent, sets)
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: must be at least 1")
     out_dir = (args.out_dir or reference.parent).resolve()
+    if sets and out_dir == reference.parent.resolve():
+        # figures/ holds what the mode's parameter files give; a changed parameter goes elsewhere
+        raise ValueError("--set changes a notebook's parameters: give --out-dir (e.g. "
+                         "build/try) so that figures/ keeps the mode's own results")
     probe_s, committed = None, {}
     if reference.is_file():
         committed = json.loads(reference.read_text()).get("notebook_seconds", {})
@@ -304,14 +315,16 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(est.format() if est else f"no {reference}: no time estimate", flush=True)
     t0 = time.perf_counter()
     results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
-                    cwd=args.notebooks.resolve().parent, kernel=args.kernel,
+                    cwd=args.notebooks.resolve().parent, kernel=args.kernel, sets=sets,
                     profiled=args.profile is not None, jobs=args.jobs, expected=committed)
     wall = time.perf_counter() - t0
     print(h.summary_table(results))
+    if sets:
+        print(f"--set (every selected notebook): {h.format_sets(sets)}")
     if args.profile is not None:
         print(f"profile: {_write_profile(args, results, probe_s, wall)}")
     every = {s.id for s in specs} == set(h.discover(args.notebooks))
-    if (probe_s is not None and every and out_dir == reference.parent.resolve()
+    if (probe_s is not None and every and not sets and out_dir == reference.parent.resolve()
             and all(r.status == "ok" for r in results)):
         # the committed figures' machine: the reference the next estimate scales from; its probe
         # is the faster of one before and one after the run (one can catch a slow moment)
@@ -323,7 +336,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"report: {write_report(papers, out_dir)}")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
-    failed = [r.id for r in results if r.status != "ok"]
+    failed = [r.id for r in results if r.status == "failed"]
     if failed:
         print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
         return 1

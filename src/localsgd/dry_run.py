@@ -10,7 +10,10 @@ images so that every run of the grid fits a CI budget (`localsgd.memory` estimat
 B_loc; `train.check_replica_memory` stops a GPU run that would not fit). Nothing is cached and
 nothing is written to ``figures/``.
 
-Notebooks whose paper mode cannot run on a CPU at all are skipped with the reason (`SKIP`).
+Paper mode never executes the notebooks that need several nodes or a torchrun launch
+(`localsgd.reproduce.CLUSTER_ONLY`: they are reported as skipped with the commands to run
+instead), in a dry run as in a real one. A dry run also skips `SKIP`'s notebooks, with the
+reason: their paper mode is a CPU job too long for a dry run.
 """
 
 from __future__ import annotations
@@ -21,15 +24,10 @@ ENV = "LOCALSGD_DRY_RUN"
 BATCH = 2  # samples per worker and update in a dry run
 EVAL_IMAGES = 16  # test images of the one evaluation per run
 
+# Skipped by dry runs only (paper mode's own skips: `localsgd.reproduce.CLUSTER_ONLY`).
 SKIP = {
-    "dynamo_ddp": "paper mode is torchbench models on 8 and 64 A100s over NCCL; the notebook "
-                  "stops with what to run instead",
     "timing_validation": "paper mode launches 16 torchrun processes for 3 x 104 updates of "
                          "emulated compute (11 min on 2 cores); its quick mode is the same code",
-    "fig08_imagenet": "paper mode trains through torchrun on 15 x 2 GPUs and ImageNet (the "
-                      "notebook writes the configs and commands, then stops until runs_dir "
-                      "holds their output); its configurations are checked by "
-                      "tests/test_paper_configs.py",
     "fig04_convex_time": "the convex simulator's paper grid runs at full scale on a CPU and is "
                          "committed (figures/paper/, 10.7 min with Figure 5)",
     "fig05_convex_speedup": "as fig04_convex_time: committed at full scale in figures/paper/",

@@ -342,9 +342,10 @@ def notebook_items(notebook: str, params: dict[str, Any]) -> list[PlanItem]:
 
 
 def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
-                mode: str = "paper") -> list[PlanItem]:
+                mode: str = "paper", sets: dict[str, Any] | None = None) -> list[PlanItem]:
     """`notebook_items` for every notebook (or ``only``) with its ``params/<nb>/<mode>.yaml``
-    merged over the notebook's parameters cell (`localsgd.reproduce`'s reading of both)."""
+    merged over the notebook's parameters cell (`localsgd.reproduce`'s reading of both), then
+    ``sets`` (``reproduce --set``)."""
     from localsgd import reproduce
 
     notebooks_dir = Path(notebooks_dir)
@@ -357,7 +358,7 @@ def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
             import yaml
 
             params.update(yaml.safe_load(yaml_path.read_text()) or {})
-        items += notebook_items(nb_id, params)
+        items += notebook_items(nb_id, {**params, **(sets or {})})
     return items
 
 

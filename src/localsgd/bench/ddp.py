@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -272,10 +273,26 @@ def _compute_nodes(root) -> list:
     return out
 
 
+# torch's notes that every rank would log straight to the terminal, harmless here: (logger, start
+# of the message). DDP's forward opens a `record_function` range, which a compiled graph leaves
+# out (only a profiler trace would miss it); inductor's C++ build on a machine with a CUDA
+# toolkit but no GPU says which CUDA_HOME it would use (for CUDA code, which a CPU run never has).
+_QUIET = {"torch._dynamo.variables.ctx_manager": "Profiler record function",
+          "torch.utils.cpp_extension": "No CUDA runtime is found"}
+
+
+def _quiet_torch_notes() -> None:
+    """Drop `_QUIET`'s messages, and only those, in this process."""
+    for name, start in _QUIET.items():
+        logging.getLogger(name).addFilter(
+            lambda record, start=start: not str(record.msg).startswith(start))
+
+
 def _worker(rank: int, procs: int, cfg_dict: dict) -> dict:
     """One process of ``max(world_sizes)``: for every world size the first ``world`` ranks run
     every model and mode in a subgroup while the others wait at a barrier (one start-up and one
     inductor initialisation per process for all world sizes)."""
+    _quiet_torch_notes()
     cfg = BenchConfig(**cfg_dict)
     torch.set_num_threads(cfg.threads)
     out: dict[str, list] = {"rows": [], "events": [], "meta": []}

@@ -24,13 +24,14 @@ from torch import nn
 from localsgd.experiments import claims
 from localsgd.experiments.claims import claim_row, verdict
 from localsgd.experiments.grid import (
+    base_config,
     dataset_available,
     final_table,
     speedup_table,
     time_to_accuracy,
 )
 from localsgd.models import build_model, count_flops, count_params
-from localsgd.results import repo_root
+from localsgd.results import repo_root, resolve_out_dir
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.comm import ClusterShape, schedule_sync_counts, sync_rounds
 from localsgd.timing.simulate import Scheme, run_clocks, simulate
@@ -1174,9 +1175,35 @@ def fig08_torchrun(configs: Sequence[TrainConfig], labels: Sequence[dict], *, no
         (cfg_dir / f"{lab['label']}.yaml").write_text(yaml.safe_dump(
             {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}))
         commands.append(f"torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} "
-                        f"--rdzv-backend c10d --rdzv-endpoint $MASTER:29500 -m localsgd.ddp "
+                        f"--rdzv-backend c10d --rdzv-endpoint $MASTER:29500 -m localsgd.runner "
                         f"--config {cfg_dir}/{lab['label']}.yaml --out RUNS/{lab['label']}")
     return commands
+
+
+FIG08_CONFIG_DIR = "build/fig08_imagenet_configs"  # the torchrun configs (from the repo root)
+
+
+def fig08_runs(P, *, seeds: Sequence[int], cfg_dir: str | Path = FIG08_CONFIG_DIR
+               ) -> tuple[TrainConfig, list[TrainConfig], list[dict], list[str]]:
+    """Figure 8's runs from the notebook's parameters ``P``: (the base config, the runs of
+    `fig08_configs`, their labels, the torchrun commands of `fig08_torchrun` with their configs
+    written to ``cfg_dir``, a relative one taken from the repository root). The notebook and
+    ``localsgd reproduce --mode paper`` (which prints the commands instead of running the
+    notebook) both call it."""
+    base = base_config(P, world_size=P.nodes * P.gpus_per_node, lr=P.lr, image_size=P.image_size,
+                       scale_lr=True, decay_fractions=tuple(P.decay_fractions),
+                       loader_workers=P.loader_workers)
+    configs, labels = fig08_configs(base, H=P.H, seeds=seeds,
+                                    local_step_warmup_epochs=P.local_step_warmup_epochs)
+    commands = fig08_torchrun(configs, labels, nodes=P.nodes, gpus_per_node=P.gpus_per_node,
+                              cfg_dir=resolve_out_dir(cfg_dir))
+    return base, configs, labels, commands
+
+
+def fig08_torchrun_only(P) -> bool:
+    """True when Figure 8's notebook cannot train its runs itself (`FIG08_TORCHRUN_ONLY`):
+    ImageNet on more than one worker, and no ``runs_dir`` of torchrun outputs to plot."""
+    return P.runs_dir is None and P.dataset == "imagenet" and P.nodes * P.gpus_per_node > 1
 
 
 FIG08_TORCHRUN_ONLY = (
