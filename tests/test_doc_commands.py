@@ -18,6 +18,7 @@ so relative output paths (runs/..., build/..., figures/paper) land in the tempor
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -334,11 +335,8 @@ def _kill_tree(pid: int) -> None:
     except psutil.NoSuchProcess:
         return
     for p in procs:
-        with_suppress = (psutil.NoSuchProcess, psutil.AccessDenied)
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             p.send_signal(signal.SIGKILL)
-        except with_suppress:
-            pass
 
 
 def _bash(script: str, cwd: Path, timeout: int, env: dict) -> Ctx:
