@@ -187,12 +187,9 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
                              "torchrun; on several machines start torchrun on each (README, "
                              "'The torchrun runner')")
         cfg = runner.resolve_config(args, None)
-        # --fast-exit: every output is written before it, and it skips the interpreter's
-        # teardown of torch's gloo threads (once in CI a rank died there with SIGABRT,
-        # "terminate called without an active exception"; not reproduced in 50 runs since)
+        # the runner run as a module ends with os._exit (runner.exit_now says why)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(cfg.world_size), "-m", "localsgd.runner", *rest,
-               "--fast-exit"]
+               "--nproc-per-node", str(cfg.world_size), "-m", "localsgd.runner", *rest]
         print("+ " + " ".join(cmd), flush=True)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")  # one thread per worker process on a CPU box

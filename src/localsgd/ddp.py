@@ -1,9 +1,7 @@
 """Alias of `localsgd.runner`, kept so ``python -m localsgd.ddp`` (the runner's old launch
 command) keeps working. The engine lives in `localsgd.engines.ddp`."""
 
-import sys
-
-from localsgd.runner import main
+from localsgd.runner import exit_now, main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

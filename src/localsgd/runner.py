@@ -268,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                    "start-up for all): OUT/<name>/ per run and OUT/sweep.csv")
     p.add_argument("--fast-exit", action="store_true",
                    help="end the process with os._exit once every output is written and the "
-                   "process group is destroyed: skips the interpreter's teardown of torch (~2 s "
-                   "of CPU per process, which 16 processes on 2 cores pay one after another; "
-                   "`localsgd train --engine ddp` always passes it)")
+                   "process group is destroyed, skipping the interpreter's teardown of torch: "
+                   "always so when run as `python -m localsgd.runner`; this flag asks it of "
+                   "main() called from Python")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         print("error: run under torchrun, e.g. `torchrun --standalone --nproc-per-node 4 -m "
@@ -280,9 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     code = _sweep(args, rank, world) if args.sweep is not None else _single(args, rank, world)
     if args.fast_exit:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        exit_now(code)
     return code
 
 
@@ -531,5 +529,17 @@ def _compare(eager: dict, compiled: dict, args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def exit_now(code: int) -> None:
+    """End a worker process at once (``os._exit``) once its outputs are written.
+
+    The interpreter's teardown of torch costs ~2 s of CPU per process (16 processes on 2 cores
+    pay it one after another), and a gloo worker thread still alive at interpreter finalization
+    can abort the process ("terminate called without an active exception", pytorch#179291):
+    seen twice in CI here, once under `localsgd train` and once in the two-node recipe."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
