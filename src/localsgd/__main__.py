@@ -1,7 +1,26 @@
-"""``python -m localsgd`` is the ``localsgd`` command."""
+"""``python -m localsgd`` and the ``localsgd`` command (pyproject's console script).
+
+The command is the reproduction's (notebooks, figures, report, benchmarks): it needs the
+``[paper]`` extra. On the base install (the library alone) it says so in one line."""
 
 import sys
 
-from localsgd.cli import main
+# what `pip install localsgd` leaves out and `localsgd[paper]` adds (pyproject.toml)
+PAPER_ONLY = {"pandas", "matplotlib", "seaborn", "papermill", "nbformat", "nbclient",
+              "ipykernel", "jupyterlab", "ipywidgets", "tqdm"}
 
-sys.exit(main())
+
+def main() -> int:
+    try:
+        from localsgd.cli import main as cli
+    except ModuleNotFoundError as err:
+        if err.name not in PAPER_ONLY:
+            raise
+        print(f"error: the localsgd command needs {err.name}, which the base install leaves "
+              "out: pip install 'localsgd[paper]' (the make targets install it)", file=sys.stderr)
+        return 2
+    return cli()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,9 +9,12 @@ compute, waiting and communication.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["STRAGGLER_SALT", "SYNC_KINDS", "Stragglers", "split_waiting", "stall_draws",
            "timing_summary"]
@@ -96,6 +99,8 @@ def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFram
     and ``comm = end_r - max_{j in G} arrive_j`` (moving the bytes). Adds ``wait_s`` and
     ``comm_s`` (summed over both kinds) and ``wait_{k}_s`` / ``comm_{k}_s``.
     """
+    import pandas as pd  # here, not above: the engines import Stragglers on the base install
+
     df = timeline.copy()
     df["wait_s"] = 0.0
     df["comm_s"] = 0.0
