@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from localsgd.convex import gridsearch
-from localsgd.convex.experiments import Config, time_units, tune
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar
 from localsgd.convex.simulator import (
     FixedSampler,
@@ -19,6 +18,7 @@ from localsgd.convex.simulator import (
     reference_local_sgd,
     simulate,
 )
+from localsgd.experiments.convex import Config, time_units, tune
 from localsgd.schedule import Topology
 
 torch.set_num_threads(1)
@@ -306,7 +306,7 @@ def test_grid_search_on_simulated_problem_obeys_appendix_e_rule():
 
 
 def test_fig_tables_on_synthetic_problem():
-    from localsgd.convex.experiments import fig4_table, fig5_table
+    from localsgd.experiments.convex import fig4_table, fig5_table
 
     p = synthetic(n=300)
     tp = TorchProblem(p, torch.float32)

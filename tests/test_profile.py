@@ -108,3 +108,8 @@ def test_reproduce_profile_measures_a_real_notebook(tmp_path, capsys, monkeypatc
     total = sum(float(row[c]) for c in PHASES)
     assert total == pytest.approx(float(row["total"]), abs=0.1 * len(PHASES))
 
+
+def test_the_profile_names_the_loops_phases():
+    from localsgd.train import LOOP_PHASES
+
+    assert profile.TRAIN_PHASES == LOOP_PHASES

@@ -63,7 +63,8 @@ def blocks(lang: str | None = None) -> list[Block]:
     for page in PAGES:
         text = page.read_text()
         for m in FENCE.finditer(text):
-            heads = HEADING.findall(text[: m.start()])
+            # headings outside code blocks: a shell or Python comment line is not a heading
+            heads = HEADING.findall(FENCE.sub("", text[: m.start()]))
             indent = m.group("indent")
             code = "".join(line.removeprefix(indent)
                            for line in m.group("body").splitlines(keepends=True))

@@ -14,7 +14,7 @@ from localsgd.checkpoint import load_checkpoint
 from localsgd.experiments.grid import pool_compute, speedup_table, time_to_accuracy
 from localsgd.experiments.lin2020 import step_costs_from_running_times
 from localsgd.timing.cluster import Cluster, modelled_time
-from localsgd.train import TrainConfig, build_engine, train
+from localsgd.train import LOOP_PHASES, RunLimit, TrainConfig, build_engine, train
 
 # columns that hold wall-clock measurements: everything else must repeat bitwise
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
@@ -67,6 +67,30 @@ def test_synthetic_learns_and_counts_syncs(synth):
     assert rec.test_acc.iloc[-1] > 100 / 4 + 15  # above chance on a learnable toy set
     # lr: 0.2, /10 at 50 % and 75 % of T = 24 updates (step 12 and 18)
     assert rec.lr_last.tolist() == pytest.approx([0.2, 0.02, 0.002])
+
+
+def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported(synth):
+    # what a dry run of a paper configuration asks of the loop (localsgd.dry_run.limit)
+    sizes, phases = [], []
+
+    def engine(c, n_train, num_classes):
+        built = build_engine(c, n_train, num_classes)
+        step = built.step
+
+        def counted(batches, *args, **kwargs):
+            sizes.append([len(x) for x, _ in batches])
+            return step(batches, *args, **kwargs)
+
+        built.step = counted
+        return built
+
+    rec = train(TINY, dataset=synth, progress=False, engine=engine,
+                limit=RunLimit(updates=3, batch=2, eval_images=16), on_phases=phases.append)
+    assert rec.step.tolist() == [3] and sizes == [[2, 2]] * 3
+    assert ((rec.test_acc * 16 / 100).round(9) % 1 == 0).all()  # 16 test images
+    (info,) = phases
+    assert info["updates"] == 3 and info["first_rank"] == 0 and info["torchrun"] is False
+    assert all(info[p] >= 0 for p in LOOP_PHASES) and info["compute"] > 0
 
 
 @pytest.mark.parametrize(("choice", "threads", "nhwc"), [

@@ -44,7 +44,7 @@ _EXPORTS = {
     "DDPEngine": "localsgd.engines.ddp",
     "TrainConfig": "localsgd.train",
     "build_engine": "localsgd.train",
-    "run_cached": "localsgd.train",
+    "run_cached": "localsgd.experiments.grid",
     "load_checkpoint": "localsgd.checkpoint",
     "save_checkpoint": "localsgd.checkpoint",
     "build_model": "localsgd.models",

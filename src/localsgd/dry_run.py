@@ -43,3 +43,14 @@ def updates() -> int | None:
     if n < 1:
         raise ValueError(f"{ENV}={value!r}: a dry run needs at least 1 update per run")
     return n
+
+
+def limit():
+    """The `localsgd.train.RunLimit` of a dry run (N updates, `BATCH` samples per worker and
+    update, `EVAL_IMAGES` test images), or None outside one."""
+    n = updates()
+    if n is None:
+        return None
+    from localsgd.train import RunLimit  # here: the harness imports this module without torch
+
+    return RunLimit(updates=n, batch=BATCH, eval_images=EVAL_IMAGES)

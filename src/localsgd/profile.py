@@ -1,8 +1,9 @@
 """Where a notebook's time goes: ``localsgd reproduce --profile FILE``.
 
-While a notebook runs under the profile, every `localsgd.train.train` run and every saved figure
-appends one JSON line to the file named by ``LOCALSGD_PROFILE`` (``record``); torchrun workers
-inherit the variable, so their runs are counted too. After the notebook, `notebook_row` joins
+While a notebook runs under the profile, every `localsgd.train.train` run (through its
+``on_phases`` hook: `on_train_phases` for the results cache's runs, the runner's ``--phases
+FILE`` for torchrun workers, which `experiments.timing_validation.launch` passes) and every saved
+figure appends one JSON line to the file named by ``LOCALSGD_PROFILE`` (``record``). After the notebook, `notebook_row` joins
 those lines with papermill's per-cell durations in the executed notebook and the harness's wall
 time into one row of phases:
 
@@ -41,6 +42,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 ENV = "LOCALSGD_PROFILE"
 
+# `localsgd.train.LOOP_PHASES` (named again here: importing the loop would import torch into
+# every harness process; tests/test_profile.py checks the two agree)
 TRAIN_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
 COLUMNS = ("notebook", "total", "kernel_start", "imports", "launch", "compile", "convex", "runs",
            "updates", *TRAIN_PHASES, "save", "other")
@@ -59,6 +62,12 @@ def record(kind: str, **fields: Any) -> None:
     line = json.dumps({"kind": kind, "pid": os.getpid(), "end": time.time(), **fields}) + "\n"
     with open(path, "a", encoding="utf-8") as f:
         f.write(line)
+
+
+def on_train_phases() -> Callable[[dict], None] | None:
+    """`localsgd.train.train`'s ``on_phases`` hook under a profile (records a "train" event),
+    else None."""
+    return (lambda phases: record("train", **phases)) if enabled() else None
 
 
 _depth = 0  # `timed` functions running in this process: only the outermost one records

@@ -28,6 +28,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -119,6 +120,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--save-final", action="store_true",
                    help="write each rank's final model to final_rank{r}.pt")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--phases", type=Path, default=None, metavar="FILE",
+                   help="rank 0 appends one JSON line per run to FILE: where the loop's time "
+                   "went (setup, data, compute, engine, evaluate, loop seconds; "
+                   "`localsgd reproduce --profile` passes its file)")
 
 
 def config_values(args: argparse.Namespace) -> dict:
@@ -389,7 +394,8 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
                         checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
                         checkpoint_every_steps=args.checkpoint_every,
                         resume=args.resume is not None,
-                        progress=not args.no_progress and rank == 0)
+                        progress=not args.no_progress and rank == 0,
+                        on_phases=_phases_writer(args.phases) if rank == 0 else None)
     except (ValueError, OSError) as err:  # bad checkpoint, configuration or data: every rank
         _fail(rank, err)
         return None
@@ -410,6 +416,20 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
     summary["compiled_graphs"] = _dynamo_graphs() - graphs_before  # 0 for an eager run
     print(format_summary(summary))
     return summary
+
+
+def _phases_writer(path: Path | None):
+    """``train``'s on_phases hook for ``--phases FILE``: one JSON line per run (a "train" event
+    in the format `localsgd.profile` reads), in one short append-mode write."""
+    if path is None:
+        return None
+
+    def write(phases: dict) -> None:
+        line = json.dumps({"kind": "train", "pid": os.getpid(), "end": time.time(), **phases})
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    return write
 
 
 def _fail(rank: int, err: Exception | str) -> int:

@@ -47,9 +47,9 @@ from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import device as device_rule
-from localsgd import dry_run, numerics, profile, results
 from localsgd import memory as memory_mod
 from localsgd import models as models_mod
+from localsgd import numerics
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
 from localsgd.engines.common import host_map
@@ -59,10 +59,12 @@ from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import SyncSchedule, Topology
 
-__all__ = ["ENGINES", "TrainConfig", "build_engine", "evaluate", "load_dataset", "lr_schedule",
-           "run_cached", "train"]
+__all__ = ["ENGINES", "RunLimit", "TrainConfig", "build_engine", "evaluate", "load_dataset",
+           "lr_schedule", "train"]
 
 MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
+# the loop's phases, in seconds, that `train` reports to ``on_phases``
+LOOP_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
 
 
 @dataclass(frozen=True)
@@ -609,6 +611,17 @@ def _deferred_interrupt():
         signal.signal(signal.SIGINT, previous)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunLimit:
+    """Cut a run short: at most ``updates`` updates, ``batch`` samples of each worker's batch per
+    update, ``eval_images`` test images per evaluation (None: uncut). The reproduction's dry runs
+    of paper configurations (`localsgd.dry_run`) use it to build every run at full size cheaply."""
+
+    updates: int
+    batch: int | None = None
+    eval_images: int | None = None
+
+
 def train(
     cfg: TrainConfig,
     *,
@@ -620,6 +633,8 @@ def train(
     on_step: Callable[[int], None] | None = None,
     engine: Callable[[TrainConfig, int, int], Engine] | None = None,
     checkpoint_every_steps: int = 0,
+    limit: RunLimit | None = None,
+    on_phases: Callable[[dict], None] | None = None,
 ) -> pd.DataFrame:
     """Train ``cfg`` and return ``cfg.records_per_epoch`` records per epoch (and one at the last
     update).
@@ -636,6 +651,11 @@ def train(
             `build_engine`: the replica engine). An engine running one worker per process (the
             torchrun runner) gets per-rank checkpoint files (`RankCheckpoints`).
         checkpoint_every_steps: also checkpoint every this many updates (0: never).
+        limit: cut the run short (`RunLimit`; None: train ``cfg`` whole).
+        on_phases: called once when the loop ends (also by an error or Ctrl-C) with where its
+            time went: seconds of ``setup``, ``data``, ``compute``, ``engine``, ``evaluate``
+            and the rest of the ``loop``, plus ``updates`` run, ``first_rank``, ``torchrun``,
+            ``model`` and ``world_size`` (the reproduction's profiler records them).
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
     batches since the previous record, before each update, augmented), test_loss / test_acc
@@ -655,14 +675,14 @@ def train(
         torch.set_num_threads(1)
     try:
         return _train(cfg, device, threads, dataset, checkpoint_path, checkpoint_every, resume,
-                      progress, on_step, engine, checkpoint_every_steps)
+                      progress, on_step, engine, checkpoint_every_steps, limit, on_phases)
     finally:
         torch.set_num_threads(saved_threads)
 
 
 def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkpoint_path,
-           checkpoint_every, resume, progress, on_step, engine, checkpoint_every_steps
-           ) -> pd.DataFrame:
+           checkpoint_every, resume, progress, on_step, engine, checkpoint_every_steps, limit,
+           on_phases) -> pd.DataFrame:
     """`train`'s body, with torch's threads already set for ``threads`` (0: left alone)."""
     t_start = time.perf_counter()
     numerics.apply_numerics(cfg.precision, cfg.deterministic, device)
@@ -672,10 +692,9 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
               else _MemoryBatches(ds, cfg, device))
     n_train = source.n_train
     steps_per_epoch, total = _steps(cfg, n_train)
-    dry = dry_run.updates()  # localsgd reproduce --dry-run: N updates, tiny batches, no cache
-    if dry is not None:
-        total = min(total, dry)
-        source.eval_limit = dry_run.EVAL_IMAGES
+    if limit is not None:
+        total = min(total, limit.updates)
+        source.eval_limit = limit.eval_images
     if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
         shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, _StreamedBatches)
                  else tuple(source.train_x.shape[1:]))
@@ -689,7 +708,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     per_rank = RankCheckpoints(checkpoint_path, engine) if multi and checkpoint_path else None
 
     records: list[dict] = []
-    phases = dict.fromkeys(profile.TRAIN_PHASES, 0.0)  # `localsgd reproduce --profile`
+    phases = dict.fromkeys(LOOP_PHASES, 0.0)  # where the time went: on_phases
     tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels,
                   step_seconds=[[] for _ in ranks])
     state = None
@@ -763,8 +782,8 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                 t0 = time.perf_counter()
                 batches = [(x.to(dtype, memory_format=layout), y) for x, y in
                            source.batches(parts, epoch, pos, ranks, engine.generators, b)]
-                if dry is not None:
-                    batches = [(x[:dry_run.BATCH], y[:dry_run.BATCH]) for x, y in batches]
+                if limit is not None and limit.batch is not None:
+                    batches = [(x[:limit.batch], y[:limit.batch]) for x, y in batches]
                 t1 = time.perf_counter()
                 tot.data_seconds += t1 - t0
                 phases["data"] += t1 - t0
@@ -816,12 +835,13 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
             raise
         finally:
             bar.close()
-            if profile.enabled():
+            if on_phases is not None:
                 phases["loop"] = (time.perf_counter() - t_loop
                                   - sum(phases[p] for p in ("data", "compute", "engine",
                                                             "evaluate")))
-                profile.record("train", first_rank=ranks[0], torchrun=multi, updates=engine.t - t0_updates,
-                               model=cfg.model, world_size=k, **phases)
+                on_phases({"first_rank": ranks[0], "torchrun": multi,
+                           "updates": engine.t - t0_updates, "model": cfg.model,
+                           "world_size": k, **phases})
     df = pd.DataFrame(records)
     clash = set(df.columns) & set(cfg.to_dict())
     assert not clash, f"record columns {clash} would be overwritten by config fields"
@@ -844,19 +864,3 @@ def load_dataset(cfg: TrainConfig) -> data_mod.ImageDataset | data_mod.ImageFold
     if cfg.n_train is not None or cfg.n_test is not None:
         ds = ds.subset(cfg.n_train, cfg.n_test, seed=0)  # the subset is fixed, not per-seed
     return ds
-
-
-# Fields that change how a run is computed but not its result, or only its speed.
-_NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers", "host_threads")
-# Fields added after results were cached: left out of the key at their default, so old runs hit.
-_KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
-                    "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
-                    "peers_per_step": 1, "image_size": 224, "precision": "fp32",
-                    "deterministic": False, "records_per_epoch": 1}
-
-
-def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
-    """`train` through the results cache: identical configs (also across notebooks) train once."""
-    key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
-           and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
-    return results.cached("train", key, lambda: train(cfg, progress=progress), refresh=refresh)

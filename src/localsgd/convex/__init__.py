@@ -1,12 +1,12 @@
-"""Convex experiments of §3.4 / Appendix E: logistic regression on w8a, simulated local SGD.
+"""The convex simulator of §3.4 / Appendix E: logistic regression on w8a, simulated local SGD.
 
 * ``objective``   — f(w), gradient, Hessian, the Newton solve for f*.
 * ``simulator``   — the vectorized local SGD simulator (seeds × step sizes × workers) and a plain
   NumPy reference implementation.
 * ``gridsearch``  — Appendix E's self-extending step-size grid.
-* ``experiments`` — the §3.4 time model and the Fig. 4 / Fig. 5 sweeps.
 
-Its throughput benchmark is `localsgd.bench.convex`.
+The §3.4 time model and the Figure 4 / 5 sweeps are the reproduction's
+(`localsgd.experiments.convex`); the simulator's throughput benchmark is `localsgd.bench.convex`.
 """
 
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from localsgd import profile
-
 PAPER_FSTAR = 0.126433176216545  # Appendix E, for w8a with λ = 1/n
 
 
@@ -69,7 +67,6 @@ class LogisticProblem:
         return (self.A * D[:, None]).T @ self.A + self.lam * np.eye(self.d)
 
 
-@profile.timed("convex")
 def solve_fstar(
     problem: LogisticProblem, tol: float = 1e-10, max_iter: int = 100
 ) -> tuple[float, np.ndarray, dict]:

@@ -10,6 +10,6 @@ every claim's verdict; notebooks call these):
 * `localsgd.experiments.dynamo`: the TorchDynamo + DDP update's claims (`localsgd.bench.ddp`).
 * `localsgd.experiments.hsgd_blog`: the PyTorch hierarchical-SGD blog's benchmark schemes.
 * `localsgd.experiments.timing_validation`: the wall-clock model against real torchrun runs.
-
-The convex experiments (§3.4) live with their simulator in `localsgd.convex`.
+* `localsgd.experiments.convex`: §3.4's time model and the Figure 4 / 5 sweeps over the convex
+  simulator (`localsgd.convex`).
 """

@@ -3,7 +3,7 @@ time-to-accuracy and speed-ups (verdicts: `localsgd.experiments.claims`) (one mo
 `localsgd.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
 
 Notebooks stay thin: they pick parameters, call these functions and plot. Runs go through the
-results cache (`localsgd.train.run_cached`), so two artifacts that need the same run (Figure 6's
+results cache (`run_cached`), so two artifacts that need the same run (Figure 6's
 H = 1…16 curves are Table 1's "local SGD w/o tricks" column) train it once.
 """
 
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from localsgd import data
+from localsgd import data, dry_run, profile, results
 from localsgd.timing.cluster import Cluster, modelled_time
-from localsgd.train import TrainConfig, run_cached
+from localsgd.train import TrainConfig, train
 
 __all__ = [
     "WORK_KEYS",
@@ -26,11 +26,31 @@ __all__ = [
     "dataset_available",
     "final_table",
     "pool_compute",
+    "run_cached",
     "run_grid",
     "speedup_table",
     "time_to_accuracy",
     "with_time",
 ]
+
+# Fields that change how a run is computed but not its result, or only its speed.
+_NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers", "host_threads")
+# Fields added after results were cached: left out of the key at their default, so old runs hit.
+_KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
+                    "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
+                    "peers_per_step": 1, "image_size": 224, "precision": "fp32",
+                    "deterministic": False, "records_per_epoch": 1}
+
+
+def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
+    """`localsgd.train.train` through the results cache: identical configs (also across
+    notebooks) train once. Inside a dry run (`localsgd.dry_run`) the run is cut short and not
+    cached; under ``localsgd reproduce --profile`` its phases are recorded."""
+    key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
+           and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
+    return results.cached("train", key, lambda: train(
+        cfg, progress=progress, limit=dry_run.limit(), on_phases=profile.on_train_phases()),
+        refresh=refresh)
 
 
 # notebook parameter name -> TrainConfig field, for the names the deep-learning notebooks share
