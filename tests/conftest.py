@@ -15,13 +15,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session")
 def slowdown():
-    """How much slower this machine runs the package's fixed speed probe (`localsgd.speed`)
+    """How much slower this machine runs the package's fixed speed probe (`localsgd.paper.speed`)
     than the machine that committed figures/machine_speed.json, at least 1: wall-clock bounds
     in tests are multiplied by it, so a slower CPU model or a loaded machine moves the bound
     with the code's own speed instead of failing (measured in the same run)."""
     import json
 
-    from localsgd import speed
+    from localsgd.paper import speed
 
     reference = json.loads((REPO / "figures" / speed.SPEED_FILE).read_text())["probe_seconds"]
     return max(1.0, speed.probe(repeats=3) / reference)

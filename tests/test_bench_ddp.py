@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from localsgd.bench import ddp as bench_ddp
-from localsgd.bench.ddp import BenchConfig
+from localsgd.paper.bench import ddp as bench_ddp
+from localsgd.paper.bench.ddp import BenchConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,9 +97,9 @@ def test_cli_bad_mode_exits_with_the_reason(capsys):
 
 
 def test_registered_as_localsgd_bench_ddp():
-    from localsgd.cli import BENCHES
+    from localsgd.paper.cli import BENCHES
 
-    assert BENCHES["ddp"] == "localsgd.bench.ddp"
+    assert BENCHES["ddp"] == "localsgd.paper.bench.ddp"
 
 
 def test_paper_yaml_is_the_sources_configuration():

@@ -15,7 +15,8 @@ import pytest
 import torch
 from PIL import Image
 
-from localsgd import data, paths, results
+from localsgd import data, paths
+from localsgd.paper import results
 
 
 def _shared_cifar10() -> Path | None:

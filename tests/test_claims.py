@@ -1,10 +1,10 @@
-"""The seed-spread verdict rule and claim rows (localsgd.experiments.claims) on hand-made values."""
+"""The seed-spread verdict rule and claim rows (localsgd.paper.experiments.claims) on hand-made values."""
 
 import math
 
 import pytest
 
-from localsgd.experiments import claims as c
+from localsgd.paper.experiments import claims as c
 
 
 def test_one_seed_is_inconclusive_whatever_its_value():
@@ -74,7 +74,7 @@ def test_claim_row_columns_and_no_nan():
 
 
 def test_a_deterministic_value_within_its_resolution_is_inconclusive():
-    from localsgd.experiments.claims import INCONCLUSIVE, NOT_HELD, verdict
+    from localsgd.paper.experiments.claims import INCONCLUSIVE, NOT_HELD, verdict
 
     assert verdict(1.99, 2.0, deterministic=True).outcome == NOT_HELD
     near = verdict(1.99, 2.0, deterministic=True, resolution=0.2, unit="x")

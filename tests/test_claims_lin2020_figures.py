@@ -1,4 +1,4 @@
-"""Claims of Lin et al. (2020) Figures 6, 7, 9 and Table 3 (localsgd.experiments.lin2020) and the
+"""Claims of Lin et al. (2020) Figures 6, 7, 9 and Table 3 (localsgd.paper.experiments.lin2020) and the
 time-to-accuracy helpers they rest on (scaling_table, grid.speedup_table/time_to_accuracy/
 with_time), on hand-made records: no training."""
 
@@ -7,9 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from localsgd.experiments import claims as c
-from localsgd.experiments import grid, lin2020
-from localsgd.results import repo_root
+from localsgd.paper.experiments import claims as c
+from localsgd.paper.experiments import grid, lin2020
+from localsgd.paper.results import repo_root
 from localsgd.timing.cluster import Cluster, modelled_time
 
 HELD, NOT_HELD, INC, NM = c.HELD, c.NOT_HELD, c.INCONCLUSIVE, c.NOT_MEASURABLE

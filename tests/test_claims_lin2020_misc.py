@@ -1,5 +1,5 @@
-"""Claim rows of Figures 4, 5 (convex, `localsgd.experiments.convex`) and Figures 8, 10,
-Table 4 and App. B (`localsgd.experiments.lin2020`) on hand-made tables: every outcome a claim
+"""Claim rows of Figures 4, 5 (convex, `localsgd.paper.experiments.convex`) and Figures 8, 10,
+Table 4 and App. B (`localsgd.paper.experiments.lin2020`) on hand-made tables: every outcome a claim
 can have, and the keys the rows join on in papers/lin2020_local_sgd/reported.csv."""
 
 import math
@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from localsgd.experiments import claims, lin2020
-from localsgd.experiments import convex as cx
+from localsgd.paper.experiments import claims, lin2020
+from localsgd.paper.experiments import convex as cx
 
 REPORTED = Path(__file__).resolve().parents[1] / "papers" / "lin2020_local_sgd" / "reported.csv"
 KEY = ["artifact", "setting", "metric"]

@@ -1,4 +1,4 @@
-"""Claims of Lin et al. (2020) Tables 1, 5 and 6-7 (localsgd.experiments.lin2020) on hand-made
+"""Claims of Lin et al. (2020) Tables 1, 5 and 6-7 (localsgd.paper.experiments.lin2020) on hand-made
 per-seed records: each claim's outcomes, pairing by seed, and keys that join reported.csv."""
 
 import math
@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from localsgd.experiments import claims as c
-from localsgd.experiments import lin2020
+from localsgd.paper.experiments import claims as c
+from localsgd.paper.experiments import lin2020
 
 REPORTED = Path(__file__).resolve().parents[1] / "papers" / "lin2020_local_sgd" / "reported.csv"
 

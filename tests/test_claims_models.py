@@ -13,10 +13,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from localsgd.experiments import hsgd_blog as hb
-from localsgd.experiments import lin2020
-from localsgd.experiments.claims import HELD, INCONCLUSIVE, NOT_HELD, NOT_MEASURABLE
-from localsgd.results import repo_root
+from localsgd.paper.experiments import hsgd_blog as hb
+from localsgd.paper.experiments import lin2020
+from localsgd.paper.experiments.claims import HELD, INCONCLUSIVE, NOT_HELD, NOT_MEASURABLE
+from localsgd.paper.results import repo_root
 
 PAPERS = repo_root() / "papers"
 

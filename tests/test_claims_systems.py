@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from localsgd.experiments import claims as c
-from localsgd.experiments import dynamo, slowmo
-from localsgd.experiments import timing_validation as tv
-from localsgd.notebook import ParameterError
+from localsgd.paper.experiments import claims as c
+from localsgd.paper.experiments import dynamo, slowmo
+from localsgd.paper.experiments import timing_validation as tv
+from localsgd.paper.notebook import ParameterError
 
 PAPERS = Path(__file__).resolve().parents[1] / "papers"
 KEY = ["artifact", "setting", "metric"]

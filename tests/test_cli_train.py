@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from localsgd.cli import main as cli
+from localsgd.paper.cli import main as cli
 
 TINY = {"dataset": "synthetic", "model": "resnet20", "width": 0.25, "n_train": 64,
         "n_test": 16, "local_batch": 8, "local_steps": 2, "epochs": 2.0, "lr": 0.1,

@@ -18,7 +18,7 @@ from localsgd.convex.simulator import (
     reference_local_sgd,
     simulate,
 )
-from localsgd.experiments.convex import Config, time_units, tune
+from localsgd.paper.experiments.convex import Config, time_units, tune
 from localsgd.schedule import Topology
 
 torch.set_num_threads(1)
@@ -306,7 +306,7 @@ def test_grid_search_on_simulated_problem_obeys_appendix_e_rule():
 
 
 def test_fig_tables_on_synthetic_problem():
-    from localsgd.experiments.convex import fig4_table, fig5_table
+    from localsgd.paper.experiments.convex import fig4_table, fig5_table
 
     p = synthetic(n=300)
     tp = TorchProblem(p, torch.float32)
@@ -322,7 +322,7 @@ def test_fig_tables_on_synthetic_problem():
 def test_bench_prints_one_json_line(capsys):
     import json
 
-    from localsgd.bench import convex as bench
+    from localsgd.paper.bench import convex as bench
 
     argv = ["--K", "2", "--B-loc", "2", "--step-sizes", "2", "--seeds", "1", "--steps", "3",
             "--repeats", "1", "--ref-runs", "1", "--data", "synthetic", "--json"]

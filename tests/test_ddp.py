@@ -513,7 +513,7 @@ def test_compiled_loss_curve_matches_eager(tmp_path):
 
 
 def test_sweep_runs_several_configurations_in_one_launch(tmp_path):
-    # one torch start-up for a grid (localsgd.experiments.timing_validation's launches): each
+    # one torch start-up for a grid (localsgd.paper.experiments.timing_validation's launches): each
     # entry sets its own schedule and stragglers over the shared --config and flags; same seed = same stall draws
     import yaml
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from localsgd import doctor
-from localsgd.cli import main as cli_main
+from localsgd.paper import doctor
+from localsgd.paper.cli import main as cli_main
 
 
 def test_doctor_passes_on_cpu_and_reports_skips(capsys):

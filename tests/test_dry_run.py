@@ -1,6 +1,6 @@
 """`localsgd reproduce --mode paper --dry-run N`: every paper configuration runs on the CPU for N
 updates per run (full-size models, real K, B_loc, H, schedule), through the notebooks' plots and
-claims; nothing cached, nothing in figures/ (localsgd.dry_run)."""
+claims; nothing cached, nothing in figures/ (localsgd.paper.dry_run)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from localsgd import dry_run, reproduce
-from localsgd.cli import main
+from localsgd.paper import dry_run, reproduce
+from localsgd.paper.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = sorted(nb for nb in reproduce.discover(REPO / "notebooks")

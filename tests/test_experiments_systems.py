@@ -1,5 +1,5 @@
-"""Table 2's fitted time model and the SlowMo experiment helpers (localsgd.experiments.lin2020,
-.slowmo; the break-even benchmark localsgd.bench.breakeven)."""
+"""Table 2's fitted time model and the SlowMo experiment helpers (localsgd.paper.experiments.lin2020,
+.slowmo; the break-even benchmark localsgd.paper.bench.breakeven)."""
 
 import dataclasses
 import math
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from localsgd.bench.breakeven import breakeven_benchmark
-from localsgd.experiments.lin2020 import (
+from localsgd.paper.bench.breakeven import breakeven_benchmark
+from localsgd.paper.experiments.lin2020 import (
     barrier_time_per_update,
     fit_step_costs,
     table02_fit,
     update_and_sync_counts,
 )
-from localsgd.experiments.slowmo import slowmo_configs, slowmo_summary
+from localsgd.paper.experiments.slowmo import slowmo_configs, slowmo_summary
 from localsgd.train import TrainConfig
 
 
@@ -187,7 +187,7 @@ def test_breakeven_benchmark_measures_both_sides_of_the_rule():
 def test_fig07_paper_time_axis_uses_the_table02_fit():
     import yaml
 
-    from localsgd.results import repo_root
+    from localsgd.paper.results import repo_root
 
     paper = yaml.safe_load((repo_root() / "notebooks/params/fig07_scaling/paper.yaml").read_text())
     fit = table02_fit()

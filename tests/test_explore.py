@@ -1,4 +1,4 @@
-"""The straggler explorer (`localsgd.explore`, notebook explore_stragglers): the redraw behind
+"""The straggler explorer (`localsgd.paper.explore`, notebook explore_stragglers): the redraw behind
 its sliders works at the sliders' extremes, fast enough to follow a slider, and says what the
 timing model says (free communication and no stragglers: nothing beats synchronous SGD)."""
 
@@ -10,7 +10,7 @@ import time
 import matplotlib.pyplot as plt
 import pytest
 
-from localsgd import explore
+from localsgd.paper import explore
 
 BLOG = {"workers": 256, "gpus_per_node": 4, "H": 2, "Hb": 4, "straggler_rate": 0.01,
         "straggler_s": 1.0, "step_ms": 55.0, "model_mb": 45.0, "inter_gbps": 32.0,

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from localsgd import gpu_plan as g
-from localsgd.results import repo_root
+from localsgd.paper import gpu_plan as g
+from localsgd.paper.results import repo_root
 
 TABLE = {("GPU-X", "a"): g.Throughput("GPU-X", "a", 1000.0, "ESTIMATE", "test"),
          ("GPU-X", "b"): g.Throughput("GPU-X", "b", 250.0, "ESTIMATE", "test")}

@@ -11,8 +11,8 @@ import nbformat
 import pytest
 import yaml
 
-from localsgd import reproduce as h
-from localsgd.cli import main
+from localsgd.paper import reproduce as h
+from localsgd.paper.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -111,8 +111,8 @@ def _check_compare_rows(nb_id: str, out) -> None:
 
     import pandas as pd
 
-    from localsgd.experiments.claims import OUTCOMES
-    from localsgd.report import load_reported
+    from localsgd.paper.experiments.claims import OUTCOMES
+    from localsgd.paper.report import load_reported
 
     path = out / f"{nb_id}.compare.csv"
     if not path.exists():

@@ -3,7 +3,7 @@ one-line parameter errors, `make lab`.
 
 The convention every notebook follows (checked here for every notebook in notebooks/):
 its parameters cell holds the quick-mode values (so Run All in JupyterLab shows the committed
-figure), ``out_dir = "build/interactive"``, and it calls ``localsgd.notebook.check(...)`` with its
+figure), ``out_dir = "build/interactive"``, and it calls ``localsgd.paper.notebook.check(...)`` with its
 parameters before doing any work.
 """
 
@@ -15,8 +15,8 @@ import nbformat
 import pytest
 import yaml
 
-from localsgd import notebook, results
-from localsgd import reproduce as h
+from localsgd.paper import notebook, results
+from localsgd.paper import reproduce as h
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"

@@ -9,7 +9,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from localsgd import models as M
-from localsgd.experiments import lin2020
+from localsgd.paper.experiments import lin2020
 
 NAMES = ["resnet20", "densenet40_12", "wrn28_10", "resnet50"]
 SMALL = {"resnet20": 0.25, "densenet40_12": 0.25, "wrn28_10": 0.1}  # widths for real forwards

@@ -1,4 +1,4 @@
-"""`localsgd reproduce --profile`: where each notebook's time goes (localsgd.profile)."""
+"""`localsgd reproduce --profile`: where each notebook's time goes (localsgd.paper.profile)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from localsgd import profile
-from localsgd.cli import main
+from localsgd.paper import profile
+from localsgd.paper.cli import main
 
 PHASES = [c for c in profile.COLUMNS if c not in ("notebook", "total", "runs", "updates")]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from localsgd import report
+from localsgd.paper import report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from localsgd import reproduce
-from localsgd.cli import main
+from localsgd.paper import reproduce
+from localsgd.paper.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 LOCALSGD = Path(sys.executable).parent / "localsgd"

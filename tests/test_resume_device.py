@@ -100,7 +100,7 @@ def test_bf16_autocast_changes_the_arithmetic_and_still_trains(synth):
 
 
 def test_numerics_flags_in_figure_provenance():
-    from localsgd import results
+    from localsgd.paper import results
 
     info = results.device_info()
     assert "float32_matmul_precision" in info["numerics"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from localsgd import speed
+from localsgd.paper import speed
 
 
 def test_estimate_scales_the_committed_times_by_the_probe_ratio(tmp_path):

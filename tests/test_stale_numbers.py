@@ -84,7 +84,7 @@ def fig05(name: str, k: int, h: int) -> float:
 
 
 def table04_reproduced() -> tuple[int, int]:
-    from localsgd import report
+    from localsgd.paper import report
 
     t = report.joined(ROOT / "papers", FIG)
     t = t[(t["artifact"] == "Table 4") & (t["status"] != report.STATUS_NONE)]

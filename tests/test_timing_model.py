@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from localsgd.experiments.hsgd_blog import BLOG_HSGD
+from localsgd.paper.experiments.hsgd_blog import BLOG_HSGD
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.simulate import Scheme, _gossip_offset, simulate
 from localsgd.timing.stragglers import Stragglers, stall_draws
@@ -108,7 +108,7 @@ def test_bad_inputs_raise_clearly():
 
 
 def test_plan_free_communication_sync_is_not_beaten(capsys):
-    from localsgd.cli import main
+    from localsgd.paper.cli import main
 
     assert main(["plan", "--workers", "32", "--gpus-per-node", "4", "--inter-gbps", "1e12",
                  "--intra-gbps", "1e12", "--latency-us", "0", "--steps", "64", "--json"]) == 0
@@ -121,7 +121,7 @@ def test_plan_free_communication_sync_is_not_beaten(capsys):
 
 
 def test_plan_ranks_by_predicted_step_time(capsys):
-    from localsgd.cli import main
+    from localsgd.paper.cli import main
 
     # the example: random stalls → the longest global period is fastest, sync last
     assert main(["plan", "--workers", "64", "--gpus-per-node", "4", "--straggler-rate", "0.02",
@@ -141,7 +141,7 @@ def test_plan_ranks_by_predicted_step_time(capsys):
     (["--workers", "8", "--schemes", "local:two"], "scheme 'local:two' not understood"),
 ])
 def test_plan_bad_values_are_clear_errors(capsys, argv, message):
-    from localsgd.cli import main
+    from localsgd.paper.cli import main
 
     assert main(["plan", *argv]) == 2
     assert message in capsys.readouterr().err
@@ -167,7 +167,7 @@ def test_blog_notebook_paper_params_are_the_blogs_setting():
     import pandas as pd
     import yaml
 
-    from localsgd.results import repo_root
+    from localsgd.paper.results import repo_root
 
     root = repo_root()
     folder = root / "notebooks" / "params" / "blog_hsgd_stragglers"

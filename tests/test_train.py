@@ -11,8 +11,8 @@ import torch
 
 from localsgd import data
 from localsgd.checkpoint import load_checkpoint
-from localsgd.experiments.grid import pool_compute, speedup_table, time_to_accuracy
-from localsgd.experiments.lin2020 import step_costs_from_running_times
+from localsgd.paper.experiments.grid import pool_compute, speedup_table, time_to_accuracy
+from localsgd.paper.experiments.lin2020 import step_costs_from_running_times
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import LOOP_PHASES, RunLimit, TrainConfig, build_engine, train
 
@@ -70,7 +70,7 @@ def test_synthetic_learns_and_counts_syncs(synth):
 
 
 def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported(synth):
-    # what a dry run of a paper configuration asks of the loop (localsgd.dry_run.limit)
+    # what a dry run of a paper configuration asks of the loop (localsgd.paper.dry_run.limit)
     sizes, phases = [], []
 
     def engine(c, n_train, num_classes):

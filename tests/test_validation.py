@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from localsgd.experiments import timing_validation as tv
+from localsgd.paper.experiments import timing_validation as tv
 from localsgd.timing.cluster import Cluster
 
 # Stated tolerance for the smoke size: a 12-update window of 4 workers on a machine shared with

@@ -11,8 +11,9 @@ Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), s
   `localsgd.checkpoint`, the torchrun command line `localsgd.runner`;
 * data and models: `localsgd.data`, `localsgd.models`;
 * time models: `localsgd.timing`; the convex simulator: `localsgd.convex`;
-* per-source experiments: `localsgd.experiments`; benchmarks: `localsgd.bench`;
-* the harness: `localsgd.results`, `localsgd.reproduce`, `localsgd.report`, `localsgd.cli`.
+* the reproduction, built on the library and never imported by it (the ``[paper]`` extra):
+  `localsgd.paper` -- per-source experiments, benchmarks, the notebook harness, the report and
+  the `localsgd` command (docs/layout.md). ``run_cached`` below is its (the results cache).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ _EXPORTS = {
     "DDPEngine": "localsgd.engines.ddp",
     "TrainConfig": "localsgd.train",
     "build_engine": "localsgd.train",
-    "run_cached": "localsgd.experiments.grid",
+    "run_cached": "localsgd.paper.experiments.grid",
     "load_checkpoint": "localsgd.checkpoint",
     "save_checkpoint": "localsgd.checkpoint",
     "build_model": "localsgd.models",

@@ -12,7 +12,7 @@ PAPER_ONLY = {"pandas", "matplotlib", "seaborn", "papermill", "nbformat", "nbcli
 
 def main() -> int:
     try:
-        from localsgd.cli import main as cli
+        from localsgd.paper.cli import main as cli
     except ModuleNotFoundError as err:
         if err.name not in PAPER_ONLY:
             raise

@@ -29,7 +29,7 @@ coefficients (following He et al., 2016a).
 Besides the paper's models, the toy models of timing runs and benchmarks live here too:
 `timing_mlp` (emulated-compute timing runs), `wide_mlp` and `BagOfTokens` (the SlowMo break-even
 benchmark) and `FFNStack` (the DDP / TorchDynamo benchmark). Table 4's counts beside the paper's
-are `localsgd.experiments.lin2020.table04`.
+are `localsgd.paper.experiments.lin2020.table04`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 MODEL_NAMES = ("resnet20", "densenet40_12", "wrn28_10", "resnet50")
-# not a paper model: timing runs with emulated compute (localsgd.experiments.timing_validation)
+# not a paper model: timing runs with emulated compute (localsgd.paper.experiments.timing_validation)
 # move ResNet-20's 1.08 MB in 4 tensors instead of 59, so the host's per-tensor work per update (autograd, DDP's
 # bucket copies, the optimizer) stays ~1 ms and 16 processes on 2 cores do not contend for it
 TIMING_MODEL_NAMES = ("mlp",)
@@ -258,7 +258,7 @@ class BagOfTokens(nn.Module):
 
 class FFNStack(nn.Module):
     """Residual feed-forward blocks ``x + W2 relu(W1 x)`` (hidden 2x width) and a linear head
-    (the DDP / TorchDynamo benchmark's models, `localsgd.bench.ddp`).
+    (the DDP / TorchDynamo benchmark's models, `localsgd.paper.bench.ddp`).
 
     A user-defined module on purpose: Dynamo does not start a frame in ``torch.nn`` code, so a
     bare ``nn.Sequential`` under ``torch.compile(DDP(...))`` would run uncompiled.

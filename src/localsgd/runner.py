@@ -14,7 +14,7 @@ summary.json.
 ``--compile MODE`` compiles the DDP model (`localsgd.engines.ddp.COMPILE_MODES`);
 ``--compare-eager`` trains eager then compiled from one seed and compares per-step time and loss
 curves. ``--sweep FILE`` trains a list of configurations one after another in one launch (one
-torch start-up for a whole grid: what `localsgd.experiments.timing_validation` runs to check the
+torch start-up for a whole grid: what `localsgd.paper.experiments.timing_validation` runs to check the
 timing model). Checkpoints are per rank (`localsgd.checkpoint.RankCheckpoints`); a resume after
 SIGKILL of every worker is bitwise exact on CPU/gloo.
 """
@@ -420,7 +420,7 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
 
 def _phases_writer(path: Path | None):
     """``train``'s on_phases hook for ``--phases FILE``: one JSON line per run (a "train" event
-    in the format `localsgd.profile` reads), in one short append-mode write."""
+    in the format `localsgd.paper.profile` reads), in one short append-mode write."""
     if path is None:
         return None
 
@@ -437,6 +437,8 @@ def _fail(rank: int, err: Exception | str) -> int:
     alone prints the line (the others exit quietly with the same code)."""
     if rank == 0:
         print(f"error: {err}", file=sys.stderr, flush=True)
+    else:  # torchrun stops the job when any rank exits: let rank 0's line out first
+        time.sleep(1.0)
     return 2
 
 

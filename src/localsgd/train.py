@@ -615,7 +615,7 @@ def _deferred_interrupt():
 class RunLimit:
     """Cut a run short: at most ``updates`` updates, ``batch`` samples of each worker's batch per
     update, ``eval_images`` test images per evaluation (None: uncut). The reproduction's dry runs
-    of paper configurations (`localsgd.dry_run`) use it to build every run at full size cheaply."""
+    of paper configurations (`localsgd.paper.dry_run`) use it to build every run at full size cheaply."""
 
     updates: int
     batch: int | None = None

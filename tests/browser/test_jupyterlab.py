@@ -402,7 +402,7 @@ def _check_sliders(driver, nb_id: str) -> None:
 
 
 def _plotted(driver) -> list[dict]:
-    """The ``plotted: {...}`` lines an explorer prints beside its chart (localsgd.explore)."""
+    """The ``plotted: {...}`` lines an explorer prints beside its chart (localsgd.paper.explore)."""
     texts = driver.execute_script(
         "return Array.from(document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) "
         ".jp-OutputArea-output pre')).map(e => e.textContent)")
@@ -413,7 +413,7 @@ def _plotted(driver) -> list[dict]:
 def _check_plotted(old: dict, new: dict) -> None:
     """The first slider (the straggler rate) moved one step: the plotted speed-ups are the timing
     model's for the new rate (recomputed here with explore.predict) and differ from before."""
-    from localsgd import explore
+    from localsgd.paper import explore
 
     changed = {k for k in new["params"] if new["params"][k] != old["params"].get(k)}
     assert changed == {"straggler_rate"}, changed

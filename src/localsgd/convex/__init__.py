@@ -6,7 +6,7 @@
 * ``gridsearch``  — Appendix E's self-extending step-size grid.
 
 The §3.4 time model and the Figure 4 / 5 sweeps are the reproduction's
-(`localsgd.experiments.convex`); the simulator's throughput benchmark is `localsgd.bench.convex`.
+(`localsgd.paper.experiments.convex`); the simulator's throughput benchmark is `localsgd.paper.bench.convex`.
 """
 
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem, solve_fstar

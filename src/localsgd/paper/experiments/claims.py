@@ -19,7 +19,7 @@ notebook computes the quantity (a paired difference where the claim compares two
 * ``data unavailable`` when the data set is not on this machine (never replaced by another);
   ``not measurable`` when no value is finite (e.g. no run reached the target accuracy).
 
-`claim_row` builds the comparison row a notebook hands to `localsgd.results.save_figure`, so
+`claim_row` builds the comparison row a notebook hands to `localsgd.paper.results.save_figure`, so
 that every row of every notebook has the same columns and no ``nan`` reaches a verdict.
 """
 
@@ -120,7 +120,7 @@ def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, 
     ``value``; with ``claim`` also the claim's text and its verdict ("<outcome>: <reason>").
     A missing or non-finite value is written as empty (None), never as ``nan``."""
     if claim is not None and verdict is None:
-        raise ValueError(f"claim {claim!r} needs a verdict (localsgd.experiments.claims.verdict)")
+        raise ValueError(f"claim {claim!r} needs a verdict (localsgd.paper.experiments.claims.verdict)")
     if verdict is not None and claim is None:
         raise ValueError("a verdict needs the claim it judges (claim=...)")
     v = None if value is None or not math.isfinite(float(value)) else float(value)

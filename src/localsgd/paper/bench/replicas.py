@@ -36,9 +36,9 @@ import time
 import torch
 from torch import nn
 
-from localsgd.bench.common import emit, machine
 from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
 from localsgd.models import build_model
+from localsgd.paper.bench.common import emit, machine
 from localsgd.schedule import SyncSchedule, Topology
 
 

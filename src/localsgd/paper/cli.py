@@ -13,18 +13,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from localsgd import speed
-from localsgd.notebook import MODES
-from localsgd.report import write_report
-from localsgd.results import repo_root
+from localsgd.paper import speed
+from localsgd.paper.notebook import MODES
+from localsgd.paper.report import write_report
+from localsgd.paper.results import repo_root
 from localsgd.timing.plan import format_plan, plan_schedules
 
 # `localsgd bench NAME ...` hands the rest of the command line to NAME's module `main(argv)`.
 BENCHES = {
-    "averaging": "localsgd.bench.averaging",
-    "convex": "localsgd.bench.convex",
-    "ddp": "localsgd.bench.ddp",
-    "replicas": "localsgd.bench.replicas",
+    "averaging": "localsgd.paper.bench.averaging",
+    "convex": "localsgd.paper.bench.convex",
+    "ddp": "localsgd.paper.bench.ddp",
+    "replicas": "localsgd.paper.bench.replicas",
 }
 
 
@@ -216,10 +216,10 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
              sets: dict[str, Any]) -> int:
-    """``reproduce --mode paper --dry-run N`` (`localsgd.dry_run`)."""
+    """``reproduce --mode paper --dry-run N`` (`localsgd.paper.dry_run`)."""
     import tempfile
 
-    from localsgd import dry_run
+    from localsgd.paper import dry_run
 
     if args.mode != "paper":
         raise ValueError(f"--dry-run runs paper mode's configurations; got --mode {args.mode}: "
@@ -251,8 +251,8 @@ def _write_profile(args: argparse.Namespace, results: list, probe_s: float | Non
     """``reproduce --profile FILE``: the phase table with the machine, commit and command."""
     import datetime
 
-    from localsgd import profile
-    from localsgd import results as results_mod
+    from localsgd.paper import profile
+    from localsgd.paper import results as results_mod
 
     rows = [r.phases for r in results if r.phases is not None]
     state = results_mod.git_state()
@@ -262,14 +262,14 @@ def _write_profile(args: argparse.Namespace, results: list, probe_s: float | Non
             f"{args.mode}{f' --jobs {args.jobs}' if args.jobs > 1 else ''}"
             f"{''.join(f' --set {item}' for item in args.sets)} --profile "
             f"{args.profile}`. Seconds of wall time; phases are defined in "
-            "`src/localsgd/profile.py`."
+            "`src/localsgd/paper/profile.py`."
             + (f" With {args.jobs} notebooks at once the run took {wall:.0f} s of wall time, "
                "less than the notebooks' sum." if args.jobs > 1 else "") + "\n\n")
     return results_mod.write_text(args.profile, head + profile.table(rows))
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    from localsgd import reproduce as h  # deferred: nbformat takes seconds to import
+    from localsgd.paper import reproduce as h  # deferred: nbformat takes seconds to import
 
     sets = h.parse_sets(args.sets)
     if args.list:
@@ -278,7 +278,7 @@ def _reproduce(args: argparse.Namespace) -> int:
             print(f"{nb_id:32s} {' '.join(modes)}")
         return 0
     if args.plan:
-        from localsgd import gpu_plan
+        from localsgd.paper import gpu_plan
 
         gpu = args.gpu or gpu_plan.DEFAULT_GPU
         known = sorted({name for name, _ in gpu_plan.THROUGHPUT})
@@ -343,7 +343,7 @@ def _reproduce(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["doctor"]:
-        from localsgd.doctor import main as doctor
+        from localsgd.paper.doctor import main as doctor
 
         return doctor(argv[1:])
     args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)

@@ -23,8 +23,8 @@ import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
-from localsgd import profile as profile_mod
-from localsgd.notebook import HEADLESS_ENV, ParameterError
+from localsgd.paper import profile as profile_mod
+from localsgd.paper.notebook import HEADLESS_ENV, ParameterError
 
 MODES = ("smoke", "quick", "paper")
 # Notebooks whose results are measured times (time axes from measured compute, timed launches,
@@ -61,7 +61,7 @@ class RunResult:
     seconds: float
     files: list[str] = field(default_factory=list)
     error: str = ""  # a failure: what raised; a skip: why, and what to run instead
-    phases: dict[str, Any] | None = None  # `localsgd.profile.notebook_row` when profiled
+    phases: dict[str, Any] | None = None  # `localsgd.paper.profile.notebook_row` when profiled
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ class ClusterOnly:
 def _fig08_torchrun(params: dict[str, Any], folder: Path) -> list[str]:
     """Figure 8's torchrun commands, from the notebook's own `lin2020.fig08_runs` (which also
     writes the configs they name, into ``folder``), then the command that plots their outputs."""
-    from localsgd import notebook
-    from localsgd.experiments import lin2020
+    from localsgd.paper import notebook
+    from localsgd.paper.experiments import lin2020
 
     P = notebook.params(dict(params))
     *_, commands = lin2020.fig08_runs(P, seeds=notebook.Session(P).seeds,
@@ -100,14 +100,14 @@ def _fig08_torchrun(params: dict[str, Any], folder: Path) -> list[str]:
 
 
 def _fig08_needs_torchrun(params: dict[str, Any]) -> bool:
-    from localsgd import notebook
-    from localsgd.experiments import lin2020
+    from localsgd.paper import notebook
+    from localsgd.paper.experiments import lin2020
 
     return lin2020.fig08_torchrun_only(notebook.params(dict(params)))
 
 
 # Notebooks that paper mode reports as skipped, with what to run instead (`ClusterOnly`).
-# `localsgd.dry_run.SKIP` adds the notebooks that only a dry run skips.
+# `localsgd.paper.dry_run.SKIP` adds the notebooks that only a dry run skips.
 CLUSTER_ONLY = {
     "fig08_imagenet": ClusterOnly(
         "paper mode trains ResNet-50 on ImageNet through torchrun, one process per GPU on "
@@ -116,7 +116,7 @@ CLUSTER_ONLY = {
         _fig08_torchrun, _fig08_needs_torchrun),
     "dynamo_ddp": ClusterOnly(
         "paper mode is six torchbench models on 8 and 64 A100s (8 per node, NCCL over EFA), "
-        "which this package does not launch (localsgd.bench.ddp runs gloo CPU processes); the "
+        "which this package does not launch (localsgd.paper.bench.ddp runs gloo CPU processes); the "
         "same benchmark at reduced scale",
         lambda params, folder: ["localsgd reproduce --mode quick --only dynamo_ddp"]),
 }
@@ -267,7 +267,7 @@ def skipped(spec: NotebookSpec, mode: str, sets: dict[str, Any] | None = None, *
             build_dir: Path) -> str | None:
     """Why ``spec`` is not executed in ``mode`` and what to run instead (`CLUSTER_ONLY`, paper
     mode only; files the commands need go to ``build_dir``), or None when it runs. Parameters
-    that the notebook's own check rejects (`localsgd.notebook.params`) run it, so that it
+    that the notebook's own check rejects (`localsgd.paper.notebook.params`) run it, so that it
     reports them as any notebook does."""
     entry = CLUSTER_ONLY.get(spec.id)
     if mode != "paper" or entry is None:
@@ -300,7 +300,7 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     """Execute one notebook with papermill; a failure is recorded, never raised. ``sets`` are
     the command line's parameters (``--set``; every name must be defined, `check_sets`);
     ``overrides`` set parameters the notebook defines (others are ignored), e.g. a dry run's
-    device, after ``sets``; ``profiled`` collects where its time went (`localsgd.profile`) into
+    device, after ``sets``; ``profiled`` collects where its time went (`localsgd.paper.profile`) into
     ``RunResult.phases``."""
     import papermill as pm  # deferred: a slow import, needed only to execute a notebook
 

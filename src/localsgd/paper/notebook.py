@@ -3,7 +3,7 @@
 A notebook declares each parameter once, in its papermill ``parameters`` cell, and the next cell
 starts with::
 
-    from localsgd import notebook
+    from localsgd.paper import notebook
     P = notebook.params(globals())
 
 ``params`` takes the parameters cell's values from the namespace (plain data bound to public
@@ -12,7 +12,7 @@ record: ``P.K`` in the code, ``P.as_dict()`` for the figure's provenance. A name
 (a typo, or a papermill ``-p`` the notebook does not know) is an error naming the closest
 parameters. ``check(...)`` checks named values directly::
 
-    from localsgd.notebook import check
+    from localsgd.paper.notebook import check
     check(mode=mode, Hs=Hs, epsilon=epsilon)
 
 A bad value raises ``ParameterError`` naming the parameter, the value and what is allowed, e.g.
@@ -108,7 +108,7 @@ def _dataset_names() -> tuple[str, ...]:
 
 
 def _ddp_model_names() -> tuple[str, ...]:
-    from localsgd.bench.ddp import MODELS, SOURCE_MODELS
+    from localsgd.paper.bench.ddp import MODELS, SOURCE_MODELS
 
     return (*MODELS, *SOURCE_MODELS)
 
@@ -181,7 +181,7 @@ RULES: dict[str, Rule] = {
     "device": DEVICE,
     "batched": FLAG,
     "refresh": FLAG,
-    # dynamo_ddp: eager vs compiled DDP (localsgd.bench.ddp)
+    # dynamo_ddp: eager vs compiled DDP (localsgd.paper.bench.ddp)
     "ddp_models": list_of(one_of(lazy=_ddp_model_names)),
     "batches": POSITIVE_INTS,
     "world_sizes": list_of(integer(2)),
@@ -272,7 +272,7 @@ def check(rules: Mapping[str, Rule] | None = None, **values: Any) -> None:
     unknown = [n for n in values if n not in table]
     if unknown:
         raise TypeError(f"check(): no rule for {', '.join(unknown)}; pass rules={{name: Rule}} "
-                        "or add it to localsgd.notebook.RULES")
+                        "or add it to localsgd.paper.notebook.RULES")
     bad = [f"{name} = {value!r} is not allowed; expected {table[name].expected}"
            for name, value in values.items() if not table[name].ok(value)]
     if bad:
@@ -325,7 +325,7 @@ def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None
             hints.append(f"{name!r}" + (f" (did you mean {', '.join(map(repr, close))}?)"
                                         if close else ""))
         raise ParameterError(f"unknown parameter {', '.join(hints)}: not a parameter of the "
-                             "notebooks (localsgd.notebook.RULES); check its spelling")
+                             "notebooks (localsgd.paper.notebook.RULES); check its spelling")
     check(rules, **found)
     if isinstance(namespace, dict):
         namespace[_SEEN] = tuple(found)
@@ -355,11 +355,11 @@ class Session:
         self.seeds = list(range(P.seed, P.seed + n)) if hasattr(P, "seed") else []
 
     def save(self, fig_id: str, fig: Any, data: Any, compare: Any = None, **extra: Any) -> list:
-        """`localsgd.results.save_figure` with this notebook's parameters, mode, scale and time;
+        """`localsgd.paper.results.save_figure` with this notebook's parameters, mode, scale and time;
         ``compare`` may be a list of `claims.claim_row` dicts or a DataFrame."""
         import pandas as pd
 
-        from localsgd import profile, results
+        from localsgd.paper import profile, results
 
         if isinstance(compare, list):
             compare = pd.DataFrame(compare) if compare else None

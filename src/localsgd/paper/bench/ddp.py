@@ -63,10 +63,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from localsgd import profile
-from localsgd.bench.common import machine
 from localsgd.distributed import spawn
 from localsgd.models import FFNStack
+from localsgd.paper import profile
+from localsgd.paper.bench.common import machine
 
 __all__ = ["MODELS", "MODES", "SOURCE_MODELS", "BenchConfig", "BenchResult", "main", "run"]
 

@@ -1,6 +1,6 @@
 """SlowMo (fairscale's SlowMoDistributedDataParallel documentation page): the quality grid over
 local SGD and SGP, its summary and the page's three claims as compare rows (`slowmo_claims`); the
-page's break-even rule is measured by `localsgd.bench.breakeven`."""
+page's break-even rule is measured by `localsgd.paper.bench.breakeven`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from localsgd.experiments import claims
+from localsgd.paper.experiments import claims
 from localsgd.train import TrainConfig
 
 __all__ = ["breakeven_table", "final_records", "slowmo_claims", "slowmo_configs",
@@ -103,7 +103,7 @@ def variant_order(summary: pd.DataFrame) -> list[str]:
 
 
 def breakeven_table(be: pd.DataFrame) -> pd.DataFrame:
-    """`localsgd.bench.breakeven.breakeven_benchmark`'s rows with a ``spec`` label and
+    """`localsgd.paper.bench.breakeven.breakeven_benchmark`'s rows with a ``spec`` label and
     ``overlap_saved_s`` (fwd + bwd + all-reduce minus the measured DDP step: what DDP's overlap
     of the gradient all-reduce with backward saved)."""
     if not len(be):

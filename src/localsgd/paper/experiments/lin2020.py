@@ -1,8 +1,8 @@
 """Lin, Stich, Patel, Jaggi (2020), "Don't Use Large Mini-Batches, Use Local SGD" (§4, App. C,
 D, F): configurations of its grids, its tables' models and the claim checks beside them.
 
-Grids run through `localsgd.experiments.grid.run_grid` (cached); time axes, speed-ups and
-verdicts are `localsgd.experiments.grid`'s. Here: Figure 7's scaling table, App. D's momentum
+Grids run through `localsgd.paper.experiments.grid.run_grid` (cached); time axes, speed-ups and
+verdicts are `localsgd.paper.experiments.grid`'s. Here: Figure 7's scaling table, App. D's momentum
 schemes, Table 1's grid, Table 2's fitted cost model (and why barrier waits cannot explain its
 rise), Table 4's parameter and flop counts, Table 5's step costs.
 """
@@ -21,17 +21,17 @@ import yaml
 from scipy.optimize import nnls
 from torch import nn
 
-from localsgd.experiments import claims
-from localsgd.experiments.claims import claim_row, verdict
-from localsgd.experiments.grid import (
+from localsgd.models import build_model, count_flops, count_params
+from localsgd.paper.experiments import claims
+from localsgd.paper.experiments.claims import claim_row, verdict
+from localsgd.paper.experiments.grid import (
     base_config,
     dataset_available,
     final_table,
     speedup_table,
     time_to_accuracy,
 )
-from localsgd.models import build_model, count_flops, count_params
-from localsgd.results import repo_root, resolve_out_dir
+from localsgd.paper.results import repo_root, resolve_out_dir
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.comm import ClusterShape, schedule_sync_counts, sync_rounds
 from localsgd.timing.simulate import Scheme, run_clocks, simulate
@@ -221,7 +221,7 @@ class Table02Fit:
         return float(np.sqrt((used.residual_min ** 2).mean()))
 
     def time_kwargs(self) -> dict[str, float]:
-        """`localsgd.experiments.grid.with_time` arguments that price a run with the fitted
+        """`localsgd.paper.experiments.grid.with_time` arguments that price a run with the fitted
         costs (every sync at sync_s)."""
         return {"compute_seconds_per_step": self.compute_s, "sync_seconds": self.sync_s}
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from localsgd.experiments.claims import OUTCOMES
-from localsgd.results import write_text
+from localsgd.paper.experiments.claims import OUTCOMES
+from localsgd.paper.results import write_text
 
 REPORTED_COLUMNS = ["artifact", "setting", "metric", "value", "unit", "note"]
 KEY = ["artifact", "setting", "metric"]
@@ -243,7 +243,7 @@ def short_verdict(verdict: object) -> str:
     """The verdict's outcome in a few words (``held``, ``did not hold``, ...)."""
     text = plain(verdict)
     low = text.lower()
-    for outcome in OUTCOMES:  # the one verdict rule's words (localsgd.experiments.claims)
+    for outcome in OUTCOMES:  # the one verdict rule's words (localsgd.paper.experiments.claims)
         if low.startswith(outcome + ":") or low == outcome:
             return outcome
     for key, short in (("did not hold", "did not hold"), ("unexplained", "unexplained"),

@@ -109,7 +109,7 @@ def write_reference(path: Path, probe_seconds: float, seconds: dict[str, float],
                     jobs: int = 1, wall_seconds: float | None = None) -> Path:
     """Record this machine's probe and per-notebook harness seconds (``figures/`` runs only),
     with how many notebooks ran at once and the whole run's wall time."""
-    from localsgd.results import write_json
+    from localsgd.paper.results import write_json
 
     return write_json({"probe_seconds": probe_seconds, "cpu": cpu_model(),
                        "cpu_count": os.cpu_count(), "notebook_seconds": seconds,
@@ -119,7 +119,7 @@ def write_reference(path: Path, probe_seconds: float, seconds: dict[str, float],
 
 def makespan(seconds: Iterable[float], slots: int) -> float:
     """Wall time of tasks run ``slots`` at once, longest first, each on the least-loaded slot
-    (the order `localsgd.reproduce.run` starts them in)."""
+    (the order `localsgd.paper.reproduce.run` starts them in)."""
     loads = [0.0] * max(1, slots)
     for s in sorted(seconds, reverse=True):
         loads[loads.index(min(loads))] += s
@@ -130,7 +130,7 @@ def estimate(reference: Path, notebooks: Iterable[str], probe_seconds: float, *,
              jobs: int = 1, timed: Iterable[str] = ()) -> Estimate | None:
     """The expected harness seconds of ``notebooks`` here, or None without a reference file.
     With ``jobs`` > 1 the ``timed`` notebooks run one after another, the rest ``jobs`` at once
-    (`makespan`), as `localsgd.reproduce.run` schedules them."""
+    (`makespan`), as `localsgd.paper.reproduce.run` schedules them."""
     if not reference.is_file():
         return None
     ref = json.loads(reference.read_text())

@@ -27,13 +27,13 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from localsgd import profile
 from localsgd.convex import objective
 from localsgd.convex.gridsearch import grid_search
 from localsgd.convex.objective import PAPER_FSTAR, LogisticProblem
 from localsgd.convex.simulator import FAMILIES, TorchProblem, simulate
 from localsgd.data import load_libsvm
-from localsgd.experiments.claims import claim_row, combine, verdict
+from localsgd.paper import profile
+from localsgd.paper.experiments.claims import claim_row, combine, verdict
 from localsgd.schedule import Topology
 
 EPSILON = 0.005  # Appendix E target accuracy
@@ -195,7 +195,7 @@ def fig5_table(tp: TorchProblem, *, Ks: Sequence[int], B_loc: int, Hs: Sequence[
 
 
 # --------------------------------------------------------------------------------------- claims
-# Figures 4 and 5's compare rows and verdicts (`localsgd.experiments.claims`). Seeds and spread:
+# Figures 4 and 5's compare rows and verdicts (`localsgd.paper.experiments.claims`). Seeds and spread:
 # every cell of a table is the mean stopping step over the notebook's seeds at the step size
 # that mean selects (Appendix E's grid search scores a c by it), so the tables hold no per-seed
 # values to spread; the simulator is reproducible given its seeds and the problem is convex (no

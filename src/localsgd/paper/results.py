@@ -23,7 +23,8 @@ from typing import Any
 
 import pandas as pd
 
-from localsgd import dry_run, paths
+from localsgd import paths
+from localsgd.paper import dry_run
 from localsgd.paths import atomic_path  # re-exported: results.atomic_path is public
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
@@ -68,7 +69,7 @@ def _jsonable(x: Any) -> Any:
 # --------------------------------------------------------------------------- provenance
 def repo_root() -> Path:
     """The checkout this package runs from (src layout: two levels above this file)."""
-    return Path(__file__).resolve().parents[2]
+    return Path(__file__).resolve().parents[3]  # src/localsgd/paper/results.py
 
 
 # Where a notebook run by hand (JupyterLab, papermill without out_dir) writes: git-ignored, so
@@ -205,8 +206,8 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
 @functools.cache
 def code_hash(package: Path | None = None) -> str:
     """Hash of every ``.py`` file (names and contents) of ``package``, by default the installed
-    ``localsgd`` package."""
-    package = Path(__file__).resolve().parent if package is None else Path(package)
+    ``localsgd`` package (both wings: the library's loop and the reproduction's code)."""
+    package = Path(__file__).resolve().parents[1] if package is None else Path(package)
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
         h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())

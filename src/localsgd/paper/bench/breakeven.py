@@ -2,7 +2,7 @@
 
 `breakeven_benchmark` starts ``world_size`` gloo processes (`localsgd.distributed.spawn`) and
 times, per model, a backward pass, an all-reduce of the model's bytes, a DDP step and a local SGD
-step; `localsgd.experiments.slowmo` holds the quality grid it is set beside.
+step; `localsgd.paper.experiments.slowmo` holds the quality grid it is set beside.
 """
 
 from __future__ import annotations

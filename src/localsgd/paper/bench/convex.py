@@ -14,7 +14,7 @@ flops per multiply-add), compared with a square ``torch.mm`` measured in the sam
 dtype. The simulator does only ~4·nnz(a_i) of them (sparse rows), so
 ``fraction_of_matmul_peak`` says how fast it is next to a dense engine at matmul peak, not how
 busy the FPU is.
-Prints the medians over ``--repeats`` (``--json``: one JSON line; `localsgd.bench.common`).
+Prints the medians over ``--repeats`` (``--json``: one JSON line; `localsgd.paper.bench.common`).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import time
 import numpy as np
 import torch
 
-from localsgd.bench.common import emit, machine
 from localsgd.convex.objective import LogisticProblem
 from localsgd.convex.simulator import FAMILIES, LocalSGDState, TorchProblem, reference_local_sgd
 from localsgd.data import load_libsvm
+from localsgd.paper.bench.common import emit, machine
 from localsgd.schedule import Topology
 
 

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.model_averaging.utils import average_parameters
 
 from localsgd.averaging import PeriodicAverager
-from localsgd.bench.common import emit, machine
 from localsgd.distributed import spawn
+from localsgd.paper.bench.common import emit, machine
 
 
 def resnet20_shapes(width: float = 1.0) -> list[tuple[int, ...]]:

@@ -58,11 +58,11 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from localsgd import profile
 from localsgd.distributed import spawn
-from localsgd.experiments import claims
-from localsgd.experiments.claims import Verdict
-from localsgd.notebook import ParameterError
+from localsgd.paper import profile
+from localsgd.paper.experiments import claims
+from localsgd.paper.experiments.claims import Verdict
+from localsgd.paper.notebook import ParameterError
 from localsgd.runner import SWEEP_OPTIONS
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.simulate import Scheme, simulate
@@ -562,7 +562,7 @@ def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0
 # The project's own claim (no source states it): the timing model predicts the measured
 # speed-ups over synchronous SGD within ``tolerance``. The measured speed-ups are real
 # wall-clock measurements, so the verdict rests on their spread over repeats (each repeat meets
-# other stall draws), by the seed-spread rule of `localsgd.experiments.claims`: one repeat is
+# other stall draws), by the seed-spread rule of `localsgd.paper.experiments.claims`: one repeat is
 # inconclusive at this scale.
 
 ARTIFACT = "Timing model vs runner"
@@ -573,7 +573,7 @@ TABLE_COLUMNS = ["measured_s", "predicted_s", "measured_speedup", "predicted_spe
 
 def check_worker_counts(worker_counts: Sequence[int], block_size: int) -> None:
     """Every world size >= 2 and a multiple of ``block_size`` (the emulated nodes), else one
-    `localsgd.notebook.ParameterError` naming the bad values."""
+    `localsgd.paper.notebook.ParameterError` naming the bad values."""
 
     bad = [w for w in worker_counts if w < 2 or w % block_size]
     if bad:

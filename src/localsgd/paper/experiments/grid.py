@@ -1,6 +1,6 @@
 """Shared helpers of the deep-learning experiments: grids of `TrainConfig` runs, time axes,
-time-to-accuracy and speed-ups (verdicts: `localsgd.experiments.claims`) (one module per source builds on these:
-`localsgd.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
+time-to-accuracy and speed-ups (verdicts: `localsgd.paper.experiments.claims`) (one module per source builds on these:
+`localsgd.paper.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
 
 Notebooks stay thin: they pick parameters, call these functions and plot. Runs go through the
 results cache (`run_cached`), so two artifacts that need the same run (Figure 6's
@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from localsgd import data, dry_run, profile, results
+from localsgd import data
+from localsgd.paper import dry_run, profile, results
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
 
@@ -44,7 +45,7 @@ _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
     """`localsgd.train.train` through the results cache: identical configs (also across
-    notebooks) train once. Inside a dry run (`localsgd.dry_run`) the run is cut short and not
+    notebooks) train once. Inside a dry run (`localsgd.paper.dry_run`) the run is cut short and not
     cached; under ``localsgd reproduce --profile`` its phases are recorded."""
     key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
            and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
@@ -142,7 +143,7 @@ def with_time(records: pd.DataFrame, cluster: Cluster, *,
 
     ``compute_seconds_per_step`` replaces the measured compute by a fixed time per update and
     ``sync_seconds`` prices every averaging/all-reduce round at a fixed cost (e.g. the values
-    `localsgd.experiments.lin2020.step_costs_from_running_times` derives from the paper's
+    `localsgd.paper.experiments.lin2020.step_costs_from_running_times` derives from the paper's
     own running times).
     """
     out = records.copy()

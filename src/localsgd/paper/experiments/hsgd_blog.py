@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from localsgd.experiments.claims import claim_row, combine, verdict
-from localsgd.notebook import ParameterError
+from localsgd.paper.experiments.claims import claim_row, combine, verdict
+from localsgd.paper.notebook import ParameterError
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.simulate import Scheme, simulate
 from localsgd.timing.stragglers import Stragglers
@@ -96,7 +96,7 @@ def schemes_for(workers: int) -> list[str]:
 def simulate_blog(p: Any, seeds: Sequence[int]) -> pd.DataFrame:
     """Every run of the notebook, one row per (scheme, seed): the blog's setting under each
     model variant, limitations 1-2 and the limitation-3 sweep of stall lengths on the largest
-    worker count. ``p`` has the notebook's parameters as attributes (`localsgd.notebook.Params`).
+    worker count. ``p`` has the notebook's parameters as attributes (`localsgd.paper.notebook.Params`).
 
     Columns: `simulate`'s, plus ``variant``, ``case`` and, for the sweep, ``stall_sweep_s`` and
     ``sync_slowdown`` (synchronous SGD's time, mean over seeds, over its time without stalls

@@ -16,7 +16,7 @@ start-up and idle GPUs are not counted: a lower bound on a real cluster's bill.
 items of each notebook from its ``notebooks/params/<nb>/paper.yaml`` merged over the
 notebook's parameters cell, building the same `TrainConfig` grid the notebook builds (the
 grid code is repeated here, see `_GRIDS`, since notebooks are not importable; Table 1 and
-SlowMo call the notebooks' own `localsgd.experiments` grid functions). Identical configurations
+SlowMo call the notebooks' own `localsgd.paper.experiments` grid functions). Identical configurations
 inside a notebook are counted once (the notebooks' run cache trains them once); across notebooks
 they are counted in every notebook (``shared_across_notebooks`` in `plan`'s total gives the
 de-duplicated figure).
@@ -261,7 +261,7 @@ def _fig10(p):
 
 
 def _table01(p):
-    from localsgd.experiments import lin2020 as ex
+    from localsgd.paper.experiments import lin2020 as ex
 
     base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
     return ex.table01_configs(base, p["B_globs"], _seeds(p), warmup_epochs=p["warmup_epochs"])[0]
@@ -288,7 +288,7 @@ def _table05(p):
 
 
 def _table06_07(p):
-    from localsgd.experiments import lin2020 as ex
+    from localsgd.paper.experiments import lin2020 as ex
 
     base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"],
                  scale_lr=True, base_batch=p["base_batch"], warmup_epochs=p["warmup_epochs"])
@@ -298,7 +298,7 @@ def _table06_07(p):
 
 
 def _slowmo(p):
-    from localsgd.experiments import slowmo as ex
+    from localsgd.paper.experiments import slowmo as ex
 
     base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"], lr=p["lr"])
     return ex.slowmo_configs(base, localsgd_frequency=p["localsgd_frequency"],
@@ -337,16 +337,16 @@ def notebook_items(notebook: str, params: dict[str, Any]) -> list[PlanItem]:
         return [PlanItem(notebook, 0, 0, 0, "", note=NO_GPU[notebook])]
     if notebook not in _GRIDS:
         raise KeyError(f"no GPU-plan derivation for notebook {notebook!r}; add it to "
-                       "localsgd.gpu_plan._GRIDS or NO_GPU")
+                       "localsgd.paper.gpu_plan._GRIDS or NO_GPU")
     return items_from_configs(notebook, _GRIDS[notebook](params))
 
 
 def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
                 mode: str = "paper", sets: dict[str, Any] | None = None) -> list[PlanItem]:
     """`notebook_items` for every notebook (or ``only``) with its ``params/<nb>/<mode>.yaml``
-    merged over the notebook's parameters cell (`localsgd.reproduce`'s reading of both), then
+    merged over the notebook's parameters cell (`localsgd.paper.reproduce`'s reading of both), then
     ``sets`` (``reproduce --set``)."""
-    from localsgd import reproduce
+    from localsgd.paper import reproduce
 
     notebooks_dir = Path(notebooks_dir)
     found = reproduce.discover(notebooks_dir)
@@ -379,13 +379,13 @@ def readme_block(notebooks_dir: str | Path, gpu: str = DEFAULT_GPU) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m localsgd.gpu_plan [--gpu NAME] [--mode paper] [--only NB ...]``: print the
+    """``python -m localsgd.paper.gpu_plan [--gpu NAME] [--mode paper] [--only NB ...]``: print the
     plan (phase 2 wires this to ``localsgd reproduce --mode paper --plan``)."""
     import argparse
 
-    from localsgd.results import repo_root
+    from localsgd.paper.results import repo_root
 
-    p = argparse.ArgumentParser(prog="python -m localsgd.gpu_plan", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m localsgd.paper.gpu_plan", description=main.__doc__)
     p.add_argument("--gpu", default=DEFAULT_GPU,
                    choices=sorted({gpu for gpu, _ in THROUGHPUT}))
     p.add_argument("--mode", default="paper")

@@ -1,13 +1,13 @@
 """Dynamo + DDP ("TorchDynamo Update 9: Making DDP Work with TorchDynamo", PyTorch dev-discuss):
 the benchmark's tables for the notebook and the post's claims as compare rows
-(`summary_claims`). The benchmark itself is `localsgd.bench.ddp`.
+(`summary_claims`). The benchmark itself is `localsgd.paper.bench.ddp`.
 
 The post (TL;DR and "Results"): without graph splitting compiled DDP was up to 25 % slower than
 eager on more than one node, because no bucket's all-reduce could start before the one backward
 graph ended; with DDPOptimizer it is "never more than 1 % slower" and up to 15 % faster (64
 A100s). Here each claim is judged per configuration (model, processes) on the per-round values
-of the interleaved windows (`localsgd.bench.ddp`'s ``--rounds``): the rounds are the repeated
-measurements whose spread the seed-spread rule of `localsgd.experiments.claims` needs.
+of the interleaved windows (`localsgd.paper.bench.ddp`'s ``--rounds``): the rounds are the repeated
+measurements whose spread the seed-spread rule of `localsgd.paper.experiments.claims` needs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from localsgd.experiments import claims
+from localsgd.paper.experiments import claims
 
 __all__ = ["MODES", "PALETTE", "SUMMARY_COLUMNS", "bucket_timeline", "check_runnable",
            "label_configs", "mechanism_verdict", "optimizer_verdict", "per_round",
@@ -39,7 +39,7 @@ _KEYS = ["model", "world"]
 def check_runnable(*, mode: str, device: str, process_group: str, ddp_models: Sequence[str],
                    batches: Sequence[int], world_sizes: Sequence[int]) -> None:
     """Stop with what to run instead when the parameters ask for the source's GPUs (paper
-    mode: torchbench models on 8 and 64 A100s over NCCL); `localsgd.bench.ddp` runs gloo CPU
+    mode: torchbench models on 8 and 64 A100s over NCCL); `localsgd.paper.bench.ddp` runs gloo CPU
     processes only. Also one batch size per model."""
     if mode == "paper" or device != "cpu" or process_group != "gloo":
         raise RuntimeError(
@@ -66,7 +66,7 @@ def label_configs(summary: pd.DataFrame) -> pd.DataFrame:
 def per_round(steps: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, world, mode, round) of the timed steps: the round's median step time
     (each step: mean over ranks), its ratio to eager's in the same round (``speed_vs_eager``,
-    > 1: faster; the ratio `localsgd.bench.ddp.summarize` gives as ``speed_lo``/``speed_hi``)
+    > 1: faster; the ratio `localsgd.paper.bench.ddp.summarize` gives as ``speed_lo``/``speed_hi``)
     and the round's median ``first_allreduce_at``."""
     timed = steps[~steps.warmup.astype(bool)]
     step = timed.groupby([*_KEYS, "mode", "round", "step"])[["step_ms", "first_allreduce_at"]] \

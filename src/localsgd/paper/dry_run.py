@@ -11,7 +11,7 @@ B_loc; `train.check_replica_memory` stops a GPU run that would not fit). Nothing
 nothing is written to ``figures/``.
 
 Paper mode never executes the notebooks that need several nodes or a torchrun launch
-(`localsgd.reproduce.CLUSTER_ONLY`: they are reported as skipped with the commands to run
+(`localsgd.paper.reproduce.CLUSTER_ONLY`: they are reported as skipped with the commands to run
 instead), in a dry run as in a real one. A dry run also skips `SKIP`'s notebooks, with the
 reason: their paper mode is a CPU job too long for a dry run.
 """
@@ -24,7 +24,7 @@ ENV = "LOCALSGD_DRY_RUN"
 BATCH = 2  # samples per worker and update in a dry run
 EVAL_IMAGES = 16  # test images of the one evaluation per run
 
-# Skipped by dry runs only (paper mode's own skips: `localsgd.reproduce.CLUSTER_ONLY`).
+# Skipped by dry runs only (paper mode's own skips: `localsgd.paper.reproduce.CLUSTER_ONLY`).
 SKIP = {
     "timing_validation": "paper mode launches 16 torchrun processes for 3 x 104 updates of "
                          "emulated compute (11 min on 2 cores); its quick mode is the same code",
