@@ -491,9 +491,9 @@ def test_slurm_job_resumes_after_a_kill(tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              start_new_session=True)
     deadline = time.time() + 300
-    # a complete checkpoint (rank 0's marker: every rank holds the step); a kill during the first
+    # a complete checkpoint (a rank's marker: every rank holds the step); a kill during the first
     # one starts afresh, tested in test_rank_checkpoints
-    while not list(ckpts.glob("run.step*.complete")):
+    while not list(ckpts.glob("run.rank*.step*.complete")):
         if first.poll() is not None:
             pytest.fail(f"the job ended before its first checkpoint: {first.stdout.read()[-4000:]}")
         assert time.time() < deadline, "no checkpoint after 300 s"

@@ -7,6 +7,7 @@ written by hand: the states below are exactly those a kill between two file oper
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -80,8 +81,9 @@ def test_saves_keep_two_complete_steps_and_resume_from_the_newest():
     for t in (3, 6, 9):
         _on_every_rank(lambda r, ck, t=t: ck.save(_state(r, t), t))
     folder = BASE[0].parent
-    assert sorted(f.name for f in folder.glob("run.step*.complete")) == [
-        "run.step000000006.complete", "run.step000000009.complete"]
+    assert sorted(f.name for f in folder.glob("run.rank0.step*.complete")) == [
+        "run.rank0.step000000006.complete", "run.rank0.step000000009.complete"]
+    assert len(list(folder.glob("run.rank*.step*.complete"))) == 2 * WORLD
     assert len(list(folder.glob("run.rank*.step*.pt"))) == 2 * WORLD
     states = _on_every_rank(lambda r, ck: ck.load_latest(CFG))
     assert [s["engine"] for s in states] == [{"rank": r, "t": 9} for r in range(WORLD)]
@@ -100,7 +102,7 @@ def test_a_kill_during_the_first_checkpoint_starts_afresh(capsys):
 def test_a_kill_between_the_agreement_and_the_marker_resumes_the_previous_step():
     for t in (3, 6):
         _on_every_rank(lambda r, ck, t=t: ck.save(_state(r, t), t))
-    # every rank wrote step 9, rank 0 was killed before recording it; rank 2 already pruned
+    # every rank wrote step 9 and the ranks agreed; killed before any marker; rank 2 had pruned
     for r in range(WORLD):
         save_checkpoint(RankCheckpoints(BASE[0], _RankEngine(r, None)).path(9), _state(r, 9))
     RankCheckpoints(BASE[0], _RankEngine(2, None)).path(3).unlink()
@@ -108,12 +110,17 @@ def test_a_kill_between_the_agreement_and_the_marker_resumes_the_previous_step()
     assert [s["engine"]["t"] for s in states] == [9] * WORLD  # every rank holds 9: complete
 
 
-def test_missing_ranks_after_a_complete_checkpoint_are_an_error():
-    # a complete checkpoint of ranks 0-1 only: saved by a 2-worker run, resumed with 4
-    for r in (0, 1):
-        save_checkpoint(RankCheckpoints(BASE[0], _RankEngine(r, None)).path(3), _state(r, 3))
-    RankCheckpoints(BASE[0], _RankEngine(0, None)).marker(3).write_text("complete\n")
-    with pytest.raises(ValueError, match=r"exist for ranks \[0, 1\] but not for ranks \[2, 3\]"):
+@pytest.mark.parametrize(("held", "missing"), [
+    ((0, 1), "[2, 3]"),  # saved by a 2-worker run, resumed with 4
+    ((1, 3), "[0, 2]"),  # node-local disks: ranks 0 and 2 now run on a machine without them
+])
+def test_missing_ranks_after_a_complete_checkpoint_are_an_error(held, missing):
+    for r in held:
+        ck = RankCheckpoints(BASE[0], _RankEngine(r, None))
+        save_checkpoint(ck.path(3), _state(r, 3))
+        ck.marker(3).write_text("complete\n")
+    with pytest.raises(ValueError, match=re.escape(
+            f"exist for ranks {list(held)} but not for ranks {missing}")):
         _on_every_rank(lambda r, ck: ck.load_latest(CFG))
     assert len(list(BASE[0].parent.glob("run.rank*.step*.pt"))) == 2  # nothing deleted
 

@@ -13,7 +13,8 @@ Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), s
 * time models: `localsgd.timing`; the convex simulator: `localsgd.convex`;
 * the reproduction, built on the library and never imported by it (the ``[paper]`` extra):
   `localsgd.paper` -- per-source experiments, benchmarks, the notebook harness, the report and
-  the `localsgd` command (docs/layout.md). ``run_cached`` below is its (the results cache).
+  the `localsgd` command (docs/layout.md). ``run_cached`` below, the results cache, lives
+  there (`localsgd.paper.experiments.grid`): exported here so the name keeps working.
 """
 
 from __future__ import annotations

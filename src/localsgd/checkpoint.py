@@ -64,12 +64,13 @@ class RankCheckpoints:
     """Per-rank checkpoints of a multi-process run (one worker per process, e.g. torchrun).
 
     Rank r writes ``<stem>.rank{r}.step{t}<suffix>`` atomically; then the ranks agree (one
-    ``all_gather_object``) that all of them hold step t, rank 0 records that in a marker file
-    ``<stem>.step{t}.complete``, and each deletes its files older than the previous step. So at
+    ``all_gather_object``) that all of them hold step t, each records that in its own marker
+    ``<stem>.rank{r}.step{t}.complete`` and deletes its files older than the previous step. So at
     any moment -- also after a SIGKILL of every worker -- the newest step that every rank holds
     is complete, and the one before it is still on disk. The markers tell a run stopped while
-    writing its *first* checkpoint (some ranks hold it, rank 0 has no marker: it starts afresh)
-    from a resume with another world size or another machine's disk (an error).
+    writing its *first* checkpoint (some ranks hold files, no rank a marker: it starts afresh)
+    from checkpoints missing on some ranks -- another world size, or node-local disks after the
+    ranks moved to other machines -- which is an error and deletes nothing.
     """
 
     KEEP = 2  # the newest complete step and its predecessor (a fallback if the newest is bad)
@@ -92,11 +93,11 @@ class RankCheckpoints:
         return sorted(found)
 
     def marker(self, t: int) -> Path:
-        return self.base.with_name(f"{self.base.stem}.step{t:09d}.complete")
+        return self.base.with_name(f"{self.base.stem}.rank{self.rank}.step{t:09d}.complete")
 
     def marked(self) -> list[int]:
-        """The steps rank 0 recorded as held by every rank (read on rank 0's disk)."""
-        prefix, found = f"{self.base.stem}.step", []
+        """The steps this rank recorded as held by every rank."""
+        prefix, found = f"{self.base.stem}.rank{self.rank}.step", []
         for f in self.base.parent.glob(f"{prefix}*.complete"):
             digits = f.name[len(prefix):-len(".complete")]
             if digits.isdigit():
@@ -108,21 +109,22 @@ class RankCheckpoints:
         at = self.engine.all_gather_object(t)  # every rank has written step t past this point
         if len(set(at)) != 1:
             raise RuntimeError(f"ranks checkpointed different steps {at}; the schedule diverged")
-        if self.rank == 0:
-            with atomic_path(self.marker(t)) as tmp:
-                tmp.write_text(f"every one of the {len(at)} ranks holds step {t}\n")
-            for old in self.marked()[:-self.KEEP]:
-                self.marker(old).unlink(missing_ok=True)
+        with atomic_path(self.marker(t)) as tmp:
+            tmp.write_text(f"every one of the {len(at)} ranks holds step {t}\n")
+        for old in self.marked()[:-self.KEEP]:
+            self.marker(old).unlink(missing_ok=True)
         for old in self.steps()[:-self.KEEP]:
             self.path(old).unlink(missing_ok=True)
 
     def load_latest(self, cfg: Any) -> dict | None:
         """The newest step every rank holds (collective); None if no rank has one, or if the
-        run stopped while writing its first checkpoint (this rank's partial files are deleted).
+        run stopped while writing its first checkpoint (no rank holds a marker: the partial files,
+        which no resume could use, are deleted).
         A corrupt or mismatched file on any rank fails on every rank, naming the rank and the
         problem."""
         gathered = self.engine.all_gather_object((self.steps(), self.marked()))
-        everyone, ever_complete = [g[0] for g in gathered], bool(gathered[0][1])
+        everyone = [steps for steps, _ in gathered]
+        ever_complete = any(marked for _, marked in gathered)
         common = sorted(set(everyone[0]).intersection(*map(set, everyone[1:])))
         if not common:
             holders = [r for r, steps in enumerate(everyone) if steps]

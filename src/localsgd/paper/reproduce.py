@@ -310,7 +310,7 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     build_dir.mkdir(parents=True, exist_ok=True)
     before = _snapshot(out_dir)
     events = build_dir / f"{spec.id}.{mode}.profile.jsonl"
-    if profiled:  # the kernel and its torchrun workers inherit the variable
+    if profiled:  # the kernel inherits it (torchrun launches pass it on: runner --phases)
         events.unlink(missing_ok=True)
         os.environ[profile_mod.ENV] = str(events)
     headless = os.environ.get(HEADLESS_ENV)

@@ -68,8 +68,8 @@ def _jsonable(x: Any) -> Any:
 
 # --------------------------------------------------------------------------- provenance
 def repo_root() -> Path:
-    """The checkout this package runs from (src layout: two levels above this file)."""
-    return Path(__file__).resolve().parents[3]  # src/localsgd/paper/results.py
+    """The checkout this package runs from (src layout: src/localsgd/paper/results.py)."""
+    return Path(__file__).resolve().parents[3]
 
 
 # Where a notebook run by hand (JupyterLab, papermill without out_dir) writes: git-ignored, so

@@ -151,11 +151,12 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
            "--sweep", str(out / "sweep.yaml"), "--out", str(runs), "--no-progress", "--fast-exit",
            "--compute-ms", str(compute_ms), "--straggler-seconds", str(straggler_seconds),
            "--straggler-rate", str(straggler_rate)]
-    if profile.enabled():  # rank 0's loop phases, apart from the launch's start-up
-        cmd += ["--phases", os.environ[profile.ENV]]
+    # under a profile: rank 0's loop phases, apart from the launch's start-up (not part of the
+    # recorded command: the profile file's path is this machine's)
+    phases = ["--phases", os.environ[profile.ENV]] if profile.enabled() else []
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run(cmd + phases, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
     seconds = time.perf_counter() - t0
     profile.record("launch", seconds=seconds, workers=workers)
