@@ -7,9 +7,11 @@ import the other.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,3 +86,12 @@ def file_lock(path: str | os.PathLike, what: str = "") -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def append_event(path: str | os.PathLike, kind: str, **fields: object) -> None:
+    """Append one JSON line ``{"kind", "pid", "end", **fields}`` to ``path`` in one short
+    append-mode write, so processes sharing the file do not interleave lines (the runner's
+    ``--phases`` and the reproduction's profiler write this format)."""
+    line = json.dumps({"kind": kind, "pid": os.getpid(), "end": time.time(), **fields}) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)

@@ -44,6 +44,7 @@ from localsgd import device as device_rule
 from localsgd.distributed import init_from_env
 from localsgd.engines.common import clone_tensors
 from localsgd.engines.ddp import COMPILE_MODES, DDPEngine
+from localsgd.paths import append_event
 from localsgd.timing.stragglers import Stragglers, split_waiting, timing_summary
 from localsgd.train import TrainConfig, build_engine, load_dataset, train
 
@@ -421,15 +422,7 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
 def _phases_writer(path: Path | None):
     """``train``'s on_phases hook for ``--phases FILE``: one JSON line per run (a "train" event
     in the format `localsgd.paper.profile` reads), in one short append-mode write."""
-    if path is None:
-        return None
-
-    def write(phases: dict) -> None:
-        line = json.dumps({"kind": "train", "pid": os.getpid(), "end": time.time(), **phases})
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
-    return write
+    return None if path is None else lambda phases: append_event(path, "train", **phases)
 
 
 def _fail(rank: int, err: Exception | str) -> int:

@@ -239,6 +239,11 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
         del os.environ[dry_run.ENV]
     print(h.summary_table(results))
     print(f"dry run ({args.dry_run} updates per run; not results): outputs in {out_dir}")
+    return _exit_code(results)
+
+
+def _exit_code(results: list) -> int:
+    """1 (naming them) when a notebook failed, else 0."""
     failed = [r.id for r in results if r.status == "failed"]
     if failed:
         print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
@@ -333,11 +338,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"report: {write_report(papers, out_dir)}")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
-    failed = [r.id for r in results if r.status == "failed"]
-    if failed:
-        print(f"error: {len(failed)} notebook(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    return _exit_code(results)
 
 
 def main(argv: list[str] | None = None) -> int:

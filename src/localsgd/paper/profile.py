@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from localsgd.paths import append_event
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 ENV = "LOCALSGD_PROFILE"
@@ -57,11 +59,8 @@ def record(kind: str, **fields: Any) -> None:
     """Append one event (``kind``: "train", "launch" or "save") to the profile file, if one is set; one
     short ``write`` in append mode, so processes sharing the file do not interleave lines."""
     path = os.environ.get(ENV)
-    if not path:
-        return
-    line = json.dumps({"kind": kind, "pid": os.getpid(), "end": time.time(), **fields}) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
+    if path:
+        append_event(path, kind, **fields)
 
 
 def on_train_phases() -> Callable[[dict], None] | None:
