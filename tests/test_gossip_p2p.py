@@ -71,13 +71,13 @@ def test_distributed_gossip_matches_replica_gossip():
             comm.gossip(step)
             for rank in range(K):
                 flat, w = got[rank][peers]["rounds"][step - 1]
-                torch.testing.assert_close(flat, comm.flat[rank], rtol=0, atol=1e-12)
+                torch.testing.assert_close(flat, comm.packed()[rank], rtol=0, atol=1e-12)
                 assert abs(w - float(comm.ps_weight[rank])) < 1e-12
         # push-sum preserves the total weight
         total = sum(got[r][peers]["rounds"][-1][1] for r in range(K))
         assert abs(total - sum(weight0(r) for r in range(K))) < 1e-12
         comm.average(0)
         for rank in range(K):
-            torch.testing.assert_close(got[rank][peers]["averaged"], comm.flat[rank], rtol=0,
+            torch.testing.assert_close(got[rank][peers]["averaged"], comm.packed()[rank], rtol=0,
                                        atol=1e-12)
             assert abs(got[rank][peers]["ps_weight"] - float(comm.ps_weight[rank])) < 1e-12

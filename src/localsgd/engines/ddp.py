@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,6 +60,11 @@ from localsgd.timing.stragglers import Stragglers
 __all__ = ["COMPILE_MODES", "DDPEngine", "schedule_grad_hook"]
 
 COMPILE_MODES = ("ddp_optimizer", "no_optimization", "python_reducer")
+# DDP must not overwrite buffers with rank 0's each forward: torch >= 2.14 names that
+# forward_sync_buffers, older releases broadcast_buffers (seen on torch 2.11, the first GPU's)
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                   else {"broadcast_buffers": False})
 
 
 class _EmulatedCompute(nn.Module):
@@ -175,11 +181,10 @@ class DDPEngine:
         module = (_EmulatedCompute(model, compute_ms / 1000.0, num_classes) if compute_ms
                   else model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # forward_sync_buffers=False (torch <2.14: broadcast_buffers=False): buffers are averaged
-        # by the schedule or kept per worker, never overwritten by rank 0's each forward. The
+        # _NO_BUFFER_SYNC: buffers are averaged by the schedule or kept per worker, never overwritten by rank 0's each forward. The
         # init-time sync DDP still does is a no-op: every rank built the same model from `seed`.
         self.ddp = DistributedDataParallel(module, device_ids=device_ids,
-                                           forward_sync_buffers=False, bucket_cap_mb=bucket_cap_mb)
+                                           bucket_cap_mb=bucket_cap_mb, **_NO_BUFFER_SYNC)
         self.ddp.register_comm_hook(self._hook, schedule_grad_hook)
         self.compile_mode = compile
         self._forward: Callable = self.ddp

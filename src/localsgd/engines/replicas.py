@@ -81,18 +81,39 @@ def _mean_rows_(rows: torch.Tensor | Sequence[torch.Tensor], group_size: int) ->
         row.copy_(mean)
 
 
+# Each tensor's slice of a row of the [K, n] stack starts on a multiple of this many elements
+# (256 B in float32, 128 B in bfloat16). cuDNN's channels-last kernels load weights with vector
+# instructions and failed with "misaligned address" on ResNet-20's replica 1, whose row began
+# 8 bytes past a 16-byte boundary (H200, figures/gpu/). Counted in elements, not bytes, so the
+# layout is the same in every dtype (doctor compares float32 with float64 state by state).
+# torchrun's flat buffers stay gap-free: gloo's ring all-reduce sums each chunk in another rank
+# order, so gaps there would break bit-equality with torch's averagers.
+FLAT_ALIGN = 64
+
+
+def aligned_offsets(numels: Sequence[int]) -> tuple[list[int], int]:
+    """Start of each tensor in a row when every start is a multiple of FLAT_ALIGN, and the row's
+    length (elements). The gaps hold zeros, which averaging, gossip and the outer step keep at
+    zero: each is linear with no constant term, applied column by column."""
+    offsets, end = [], 0
+    for n in numels:
+        offsets.append(end)
+        end += -(-int(n) // FLAT_ALIGN) * FLAT_ALIGN
+    return offsets, end
+
+
 def _stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Copy [K, *shape_j] tensors into one [K, n] buffer; return it and the [K, *shape_j] views
-    ``flat[:, off_j:off_j + numel_j].view(K, *shape_j)`` that alias it."""
+    """Copy [K, *shape_j] tensors into one zero-padded [K, n] buffer; return it and the
+    [K, *shape_j] views ``flat[:, off_j:off_j + numel_j].view(K, *shape_j)`` that alias it.
+    Every row and every ``off_j`` starts on a multiple of `FLAT_ALIGN` (`aligned_offsets`)."""
     k = stacks[0].shape[0]
-    n = sum(s[0].numel() for s in stacks)
-    flat = torch.empty(k, n, dtype=stacks[0].dtype, device=stacks[0].device)
-    views, offset = [], 0
-    for s in stacks:
+    offsets, n = aligned_offsets([s[0].numel() for s in stacks])
+    flat = torch.zeros(k, n, dtype=stacks[0].dtype, device=stacks[0].device)
+    views = []
+    for s, offset in zip(stacks, offsets, strict=True):
         view = flat[:, offset : offset + s[0].numel()].view(s.shape)
         view.copy_(s)
         views.append(view)
-        offset += s[0].numel()
     return flat, views
 
 
@@ -144,14 +165,12 @@ class ReplicaCommunicator:
         if len(dtypes) != 1:
             raise ValueError(f"all parameters must share one dtype for the flat stack: {dtypes}")
         k = len(self.models)
-        flat, _ = _stack_into_flat([torch.stack([ps[j].detach() for ps in self.params])
-                                    for j in range(len(first))])
+        flat, columns = _stack_into_flat([torch.stack([ps[j].detach() for ps in self.params])
+                                          for j in range(len(first))])
         aliases = []
         for r, ps in enumerate(self.params):
-            offset = 0
             for j, p in enumerate(ps):
-                p.data = flat[r, offset : offset + p.numel()].view_as(p)  # persistent alias
-                offset += p.numel()
+                p.data = columns[j][r]  # persistent alias of flat[r, off_j:off_j + numel_j]
                 aliases.append((p, f"parameter {j} of replica {r}"))
         bufs = [[b for b in m.buffers() if b.is_floating_point()] for m in self.models]
         if any([b.shape for b in bs] != [b.shape for b in bufs[0]] for bs in bufs):
@@ -209,6 +228,9 @@ class ReplicaCommunicator:
         self.peers_per_step = peers_per_step
         # _slots[j]: trainable parameter j of every replica (K tensors, or one [K, ...] stack)
         self._slots, self._stacked = slots, stacked
+        # one worker's parameter elements (flat's rows also hold alignment gaps)
+        self.param_numel = sum(col[0].numel() // (self.world_size if stacked else 1)
+                               for col in slots)
         self._aliases = [(t, t.data_ptr(), label) for t, label in aliases]
         self.ps_weight = torch.ones(self.world_size, dtype=flat.dtype, device=flat.device)
 
@@ -216,6 +238,14 @@ class ReplicaCommunicator:
 
     def flat_params(self) -> torch.Tensor:
         return self.flat
+
+    def packed(self) -> torch.Tensor:
+        """A copy of the replicas' parameters as a gap-free ``[K, n_params]`` matrix (row k is
+        ``torch.cat([p.flatten() for p in trainable params of replica k])``); ``self.flat``
+        is the same numbers with each tensor starting on an aligned offset."""
+        k = self.world_size
+        return torch.cat([(col[0] if self._stacked else torch.stack(col)).reshape(k, -1)
+                          for col in self._slots], dim=1)
 
     def _check_aliasing(self) -> None:
         # rebinding p.data (vector_to_parameters, .to(), load_state_dict(assign=True)) detaches a
@@ -294,10 +324,10 @@ class ReplicaCommunicator:
         the flat stack, float buffers from the buffer stacks; w-bar of Sec. 3.3."""
         with torch.no_grad():
             mean = self.flat.mean(0)
-            offset = 0
-            for p in (p for p in model.parameters() if p.requires_grad):
+            params = [p for p in model.parameters() if p.requires_grad]
+            offsets, _ = aligned_offsets([p.numel() for p in params])
+            for p, offset in zip(params, offsets, strict=True):
                 p.copy_(mean[offset : offset + p.numel()].view_as(p))
-                offset += p.numel()
             bufs = [b for b in model.buffers() if b.is_floating_point()]
             for b, stack in zip(bufs, self.buffer_stacks, strict=True):
                 b.copy_(stack.mean(0))
@@ -345,7 +375,7 @@ class _Engine:
     @property
     def param_bytes(self) -> int:
         """Bytes of one worker's parameters: what one model average moves."""
-        return int(self.comm.flat[0].numel() * self.comm.flat.element_size())
+        return int(self.comm.param_numel * self.comm.flat.element_size())
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         raise NotImplementedError
@@ -537,6 +567,18 @@ class ReplicaEngine(_Engine):
         self._load_common_state(state)
 
 
+def _float_batchnorm_input(module: nn.Module, args: tuple) -> tuple | None:
+    """Forward pre-hook: hand BatchNorm float32 inputs under bf16/fp16 autocast. Under vmap, the
+    BatchNorm rule runs ops that need the running statistics in the input's dtype (seen on an
+    H200: "Expected running_mean to have type BFloat16 but got Float"); cuDNN's own BatchNorm
+    takes bf16 inputs and computes in float32 anyway, so this changes the dtype of the output
+    only (the next convolution casts back to bf16 under autocast)."""
+    x = args[0]
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return (x.float(), *args[1:])
+    return None
+
+
 def _reject_dropout(model: nn.Module) -> None:
     for name, m in model.named_modules():
         if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
@@ -590,6 +632,9 @@ class BatchedReplicaEngine(_Engine):
         torch.manual_seed(self.seed)
         self._template = model_fn().to(device)  # skeleton for functional_call; own tensors unused
         _reject_dropout(self._template)
+        for m in self._template.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.register_forward_pre_hook(_float_batchnorm_input)
         names = [n for n, _ in self._template.named_parameters()]
         trainable = [n for n, p in self._template.named_parameters() if p.requires_grad]
         if not trainable:
