@@ -192,6 +192,11 @@ RUNS = [
         skip="run by tests/test_base_install.py: the block as written, then the README's library "
         "examples in that venv, without the [paper] extra"),
     # README: paper mode on GPUs
+    Run(r"^localsgd gpu-check$", "--toy --device cpu --only fig06_cifar10_local_sgd --out "
+        "figures/gpu", "toy size on the CPU into the temporary folder, one notebook "
+        "(tests/test_gpu_check.py checks what it writes)",
+        _all(_prints("3/3 training loop", "done in"),
+             _files("figures/gpu/sweep.csv", "figures/gpu/loop.csv")), needs_cifar=True),
     Run(r"^localsgd doctor$", check=_prints("0 failed")),
     Run(r"^localsgd reproduce --mode paper --dry-run 2$", DRY_ONLY,
         "three notebooks, two of them skipped in paper mode (tests/test_dry_run.py runs every "

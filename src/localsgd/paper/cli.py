@@ -81,6 +81,9 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     # `localsgd doctor ...` is dispatched before parsing (main); listed here for --help
     sub.add_parser("doctor", help="versions, devices, numerics flags; the replica engines on "
                    "every device vs a CPU float64 reference (`localsgd doctor --help`)")
+    sub.add_parser("gpu-check", help="the first command on a GPU: doctor, a throughput sweep "
+                   "and 50 updates of each paper notebook's first configuration, written to "
+                   "figures/gpu/ (`localsgd gpu-check --help`)")
 
     if runner:
         from localsgd.runner import add_run_arguments  # deferred: imports torch (see above)
@@ -286,13 +289,16 @@ def _reproduce(args: argparse.Namespace) -> int:
         from localsgd.paper import gpu_plan
 
         gpu = args.gpu or gpu_plan.DEFAULT_GPU
-        known = sorted({name for name, _ in gpu_plan.THROUGHPUT})
+        # what `localsgd gpu-check` measured beside the notebooks replaces the estimates
+        table = {**gpu_plan.THROUGHPUT, **gpu_plan.measured_throughputs(
+            args.notebooks.resolve().parent / "figures" / "gpu" / "loop.csv")}
+        known = sorted({name for name, _ in table})
         if gpu not in known:
             raise ValueError(f"--gpu {gpu!r}: no throughput for it; known: {', '.join(known)}")
         mode = "paper" if args.mode == "quick" and "--mode" not in sys.argv else args.mode
         h.plan(args.notebooks, mode, args.only, sets)  # unknown ids / modes: the harness's errors
         print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, args.only, mode, sets),
-                            gpu).format())
+                            gpu, table).format())
         return 0
     specs = h.plan(args.notebooks, args.mode, args.only, sets)
     if sets:
@@ -347,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         from localsgd.paper.doctor import main as doctor
 
         return doctor(argv[1:])
+    if argv[:1] == ["gpu-check"]:
+        from localsgd.paper.gpu_check import main as gpu_check
+
+        return gpu_check(argv[1:])
     args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)
     try:
         if args.command == "train":

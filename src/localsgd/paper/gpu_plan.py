@@ -1,9 +1,11 @@
 """GPU-hours plan for the notebooks' paper mode: how many runs, updates and images each
 notebook trains, what that costs on a named GPU, and in which order to spend it.
 
-THE THROUGHPUTS BELOW ARE ESTIMATES, NOT MEASUREMENTS: nothing in this package has run on a GPU.
-Each entry says where its number comes from; replace it with a measurement (``status
-"measured"``) once a GPU run exists (e.g. images/s from a paper-mode run's records).
+THE THROUGHPUTS BELOW ARE ESTIMATES, NOT MEASUREMENTS: each entry says where its number comes
+from. ``localsgd gpu-check`` measures the training loop on the GPU at hand and writes
+``figures/gpu/loop.csv``; `measured_throughputs` turns its rows into entries with ``status
+"measured"``, which ``localsgd reproduce --plan --gpu NAME`` uses instead of any estimate.
+(figures/gpu/ so far holds an H200's engine sweep, not yet a loop.csv: see its README.)
 
 Cost model: one training image costs 1 / throughput seconds of one GPU, whichever engine runs it
 (K GPUs under torchrun each doing B_loc per update, or one GPU simulating the K workers with
@@ -32,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_GPU", "THROUGHPUT", "Plan", "PlanItem", "Throughput", "items_from_configs",
-           "notebook_items", "paper_items", "plan", "readme_block", "throughput"]
+           "notebook_items", "notebook_params", "paper_configs", "paper_items", "plan",
+           "readme_block", "throughput"]
 
 TRAIN_IMAGES = {"cifar10": 50_000, "cifar100": 50_000, "imagenet": 1_281_167}
 TEST_IMAGES = {"cifar10": 10_000, "cifar100": 10_000, "imagenet": 50_000}
@@ -92,6 +95,34 @@ for _t in _BASE:
 DEFAULT_GPU = _A100
 
 
+def measured_throughputs(loop_csv: str | Path) -> dict[tuple[str, str], Throughput]:
+    """Measured entries from ``localsgd gpu-check``'s ``loop.csv`` (`localsgd.paper.gpu_check`):
+    per (GPU, model), the median training images/s of its rows that ran ("ok") in fp32, the
+    paper's arithmetic. Nothing when the file does not exist."""
+    import csv
+
+    path = Path(loop_csv)
+    if not path.exists():
+        return {}
+    by_key: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r.get("status") == "ok" and r.get("precision") == "fp32" and r.get("images_per_s"):
+                by_key.setdefault((r["gpu"], r["model"]), []).append(
+                    (float(r["images_per_s"]), r["notebook"]))
+    out = {}
+    for (gpu, model), rows in by_key.items():
+        rates = sorted(v for v, _ in rows)
+        mid = len(rates) // 2
+        median = rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
+        out[(gpu, model)] = Throughput(
+            gpu, model, median, "measured",
+            f"{path.name} (localsgd gpu-check): median over {len(rows)} notebooks' first "
+            f"configurations ({', '.join(sorted(nb for _, nb in rows))}), training images / "
+            "(data + compute + engine) seconds of the loop")
+    return out
+
+
 def throughput(model: str, gpu: str = DEFAULT_GPU) -> Throughput:
     """The table's entry for ``model`` on ``gpu`` (KeyError naming what exists)."""
     try:
@@ -142,7 +173,11 @@ class Plan:
         return pd.DataFrame(self.rows + [self.total])
 
     def format(self) -> str:
-        lines = [f"GPU-hours on {self.gpu} -- ESTIMATED throughputs (not measured):"]
+        measured = sum(t.status == "measured" for t in self.throughputs)
+        what = ("ESTIMATED throughputs (not measured)" if not measured else
+                "MEASURED throughputs" if measured == len(self.throughputs) else
+                f"throughputs: {measured} measured, {len(self.throughputs) - measured} ESTIMATED")
+        lines = [f"GPU-hours on {self.gpu} -- {what}:"]
         lines.append(f"{'notebook':28s} {'runs':>5s} {'updates':>12s} {'images':>15s} "
                      f"{'GPU-hours':>10s}")
         for r in self.rows + [self.total]:
@@ -341,16 +376,17 @@ def notebook_items(notebook: str, params: dict[str, Any]) -> list[PlanItem]:
     return items_from_configs(notebook, _GRIDS[notebook](params))
 
 
-def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
-                mode: str = "paper", sets: dict[str, Any] | None = None) -> list[PlanItem]:
-    """`notebook_items` for every notebook (or ``only``) with its ``params/<nb>/<mode>.yaml``
-    merged over the notebook's parameters cell (`localsgd.paper.reproduce`'s reading of both), then
-    ``sets`` (``reproduce --set``)."""
+def notebook_params(notebooks_dir: str | Path, only: Sequence[str] | None = None,
+                    mode: str = "paper", sets: dict[str, Any] | None = None
+                    ) -> dict[str, dict[str, Any]]:
+    """Each notebook's (or ``only``'s) parameters: its ``params/<nb>/<mode>.yaml`` merged over
+    the notebook's parameters cell (`localsgd.paper.reproduce`'s reading of both), then ``sets``
+    (``reproduce --set``)."""
     from localsgd.paper import reproduce
 
     notebooks_dir = Path(notebooks_dir)
     found = reproduce.discover(notebooks_dir)
-    items = []
+    out = {}
     for nb_id in (only or sorted(found)):
         params = dict(reproduce.parameters_cell_names(found[nb_id]))
         yaml_path = notebooks_dir / "params" / nb_id / f"{mode}.yaml"
@@ -358,8 +394,25 @@ def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
             import yaml
 
             params.update(yaml.safe_load(yaml_path.read_text()) or {})
-        items += notebook_items(nb_id, {**params, **(sets or {})})
-    return items
+        out[nb_id] = {**params, **(sets or {})}
+    return out
+
+
+def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
+                mode: str = "paper", sets: dict[str, Any] | None = None) -> list[PlanItem]:
+    """`notebook_items` for every notebook (or ``only``) with its parameters
+    (`notebook_params`)."""
+    return [item for nb_id, params in notebook_params(notebooks_dir, only, mode, sets).items()
+            for item in notebook_items(nb_id, params)]
+
+
+def paper_configs(notebooks_dir: str | Path, only: Sequence[str] | None = None,
+                  mode: str = "paper") -> dict[str, list]:
+    """The `TrainConfig` grid of every notebook that trains (or of ``only``'s), in the order
+    the notebook builds it; `localsgd.paper.gpu_check` runs the first of each."""
+    return {nb_id: list(dict.fromkeys(_GRIDS[nb_id](params)))
+            for nb_id, params in notebook_params(notebooks_dir, only, mode).items()
+            if nb_id in _GRIDS}
 
 
 README_BEGIN, README_END = "<!-- plan:begin -->", "<!-- plan:end -->"

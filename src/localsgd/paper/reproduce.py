@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+import json
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nbformat
 import pandas as pd
 import yaml
 from tqdm.auto import tqdm
@@ -127,16 +127,20 @@ def parameters_cell_names(nb_path: Path) -> dict[str, Any]:
 
     Raises HarnessError when there is no such cell, more than one, or it is not plain Python.
     """
-    nb = nbformat.read(nb_path, as_version=4)
-    cells = [c for c in nb.cells
-             if c.cell_type == "code" and "parameters" in c.get("metadata", {}).get("tags", [])]
+    try:  # an .ipynb is JSON: reading one cell needs no nbformat (gpu-check runs without it)
+        nb = json.loads(Path(nb_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{nb_path}: not a readable notebook: {exc}") from exc
+    cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"
+             and "parameters" in c.get("metadata", {}).get("tags", [])]
     if not cells:
         raise HarnessError(f"{nb_path}: no code cell tagged 'parameters'; tag the cell that "
                            "defines the notebook's parameters (papermill needs it)")
     if len(cells) > 1:
         raise HarnessError(f"{nb_path}: {len(cells)} cells tagged 'parameters'; keep exactly one")
     try:
-        tree = ast.parse(cells[0].source)
+        source = cells[0].get("source", "")
+        tree = ast.parse(source if isinstance(source, str) else "".join(source))
     except SyntaxError as exc:
         raise HarnessError(f"{nb_path}: the parameters cell is not valid Python: {exc}") from exc
     names: dict[str, Any] = {}

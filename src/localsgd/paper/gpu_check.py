@@ -1,0 +1,325 @@
+"""``localsgd gpu-check``: the first command to run on a GPU, turning the plan's estimates into
+measurements in one go (a few minutes on one H200; it stops each part at its time budget).
+
+1. ``doctor``: both replica engines on the device against the CPU float64 reference, and a
+   one-process NCCL group (`localsgd.paper.doctor`) -> ``doctor.json``.
+2. A throughput sweep of the CIFAR ResNet-20 (random inputs, so no data is needed): one model at
+   batch B and at K * B, `ReplicaEngine` and `BatchedReplicaEngine` with K replicas of batch B and
+   H = 8, for each precision (``fp32`` = TF32 off, the paper's arithmetic; ``tf32``; ``bf16``
+   autocast) and input layout (NCHW, NHWC); images/s is the median of timed windows after
+   untimed warm-up steps -> ``sweep.csv``.
+3. The training loop on the first configuration of every paper notebook that trains
+   (`gpu_plan.paper_configs`), as paper mode builds it, for ``--updates`` updates: where the
+   loop's time goes (`localsgd.train.LOOP_PHASES`) and its training images/s -> ``loop.csv``.
+   A notebook whose data set is not on the machine is listed as skipped, with the reason.
+4. ``provenance.json``: the GPU's name, the versions, the command, the commit, the wall time.
+
+``localsgd reproduce --plan --gpu NAME`` prices the plan with ``loop.csv``'s measured ResNet-20
+throughput (`gpu_plan.measured_throughputs`) wherever the GPU's name matches. With ``--toy`` the
+same steps run at toy size (K = 2, B = 4, width 0.25, 2 updates with 2 samples per worker), the
+way tests/test_gpu_check.py runs it on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+H_SWEEP = 8  # the sweep's averaging period (Table 5's local-SGD setting)
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big each part runs: the sweep's K, B, width, windows and steps per window; the loop's
+    updates, samples per worker (None: the configuration's B_loc) and evaluated images."""
+
+    k: int
+    b: int
+    width: float
+    windows: int
+    steps: int
+    warmup: int
+    updates: int
+    loop_batch: int | None
+    eval_images: int | None
+
+
+FULL = Size(k=16, b=128, width=1.0, windows=5, steps=4, warmup=3, updates=50, loop_batch=None,
+            eval_images=None)
+TOY = Size(k=2, b=4, width=0.25, windows=2, steps=1, warmup=1, updates=2, loop_batch=2,
+           eval_images=16)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, Callable, int]]:
+    """(precision, layout, configuration, build, images per call): ``build()`` returns one step."""
+    from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+    from localsgd.models import build_model
+    from localsgd.numerics import autocast
+    from localsgd.schedule import SyncSchedule, Topology
+
+    k, b = size.k, size.b
+    loss_fn = nn.functional.cross_entropy
+
+    def model_fn() -> nn.Module:
+        return build_model("resnet20", num_classes=10, width=size.width)
+
+    def optimizer_fn(params) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.rand((b, 3, 32, 32), generator=g).to(device) for _ in range(k)]
+    ys = [torch.randint(0, 10, (b,), generator=g).to(device) for _ in range(k)]
+
+    def single(batch: int, fmt, precision: str) -> Callable[[], None]:
+        torch.manual_seed(0)
+        model = model_fn().to(device).to(memory_format=fmt)
+        opt = optimizer_fn(model.parameters())
+        x, y = torch.cat(xs)[:batch].contiguous(memory_format=fmt), torch.cat(ys)[:batch]
+
+        def step() -> None:
+            opt.zero_grad(set_to_none=True)
+            with autocast(precision, device):
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            float(loss.detach())  # one host sync per step, as the engines' steps have
+        return step
+
+    def engine(cls, fmt, precision: str) -> Callable[[], None]:
+        e = cls(model_fn, SyncSchedule(Topology.from_paper(k, H_SWEEP)), optimizer_fn, seed=0,
+                average_buffers=True, device=device)
+        batches = [(x.contiguous(memory_format=fmt), y) for x, y in zip(xs, ys, strict=True)]
+
+        def step() -> None:
+            with autocast(precision, device):
+                e.step(batches, loss_fn)
+        return step
+
+    out = []
+    for precision in PRECISIONS:
+        for layout, fmt in LAYOUTS.items():
+            out += [
+                (precision, layout, f"single_b{b}",
+                 lambda f=fmt, p=precision: single(b, f, p), b),
+                (precision, layout, f"single_b{k * b}",
+                 lambda f=fmt, p=precision: single(k * b, f, p), k * b),
+                (precision, layout, f"replica_k{k}_b{b}",
+                 lambda f=fmt, p=precision: engine(ReplicaEngine, f, p), k * b),
+                (precision, layout, f"batched_k{k}_b{b}",
+                 lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p), k * b),
+            ]
+    return out
+
+
+def sweep(device: torch.device, size: Size, budget_s: float,
+          say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Part 2: one row per (precision, layout, configuration); rows past ``budget_s`` are
+    listed with ``error = "not run: time budget spent"``."""
+    from localsgd.numerics import apply_numerics
+
+    t0, rows = time.perf_counter(), []
+    for precision, layout, name, build, images in _sweep_steps(device, size):
+        row: dict[str, Any] = {"model": "resnet20", "width": size.width, "precision": precision,
+                               "layout": layout, "configuration": name, "images_per_s": "",
+                               "min": "", "max": "", "windows": 0, "error": ""}
+        if time.perf_counter() - t0 > budget_s:
+            rows.append({**row, "error": "not run: time budget spent"})
+            continue
+        apply_numerics(precision, False, device)  # TF32 per precision; cuDNN benchmark on CUDA
+        rates = []
+        try:
+            step = build()
+            # one model at batch B takes K calls per window: every window times K * B images
+            calls = size.steps * (size.k if name == f"single_b{size.b}" else 1)
+            for _ in range(size.warmup * calls // size.steps or 1):
+                step()
+            _sync(device)
+            for _ in range(size.windows):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                _sync(device)
+                rates.append(calls * images / (time.perf_counter() - start))
+        except Exception as exc:  # noqa: BLE001 -- a configuration that fails is a result
+            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            if "CUDA error" in row["error"]:  # the context is gone: nothing after it can run
+                rows.append(row)
+                say(f"  sweep: {precision} {layout} {name}: {row['error']} (stopping the sweep)")
+                break
+        if rates:
+            row.update(images_per_s=round(statistics.median(rates), 1),
+                       min=round(min(rates), 1), max=round(max(rates), 1), windows=len(rates))
+        rows.append(row)
+        say(f"  sweep: {precision} {layout} {name}: {row['images_per_s'] or row['error']}"
+            + (" images/s" if rates else ""))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _dataset(name: str):
+    """The data set of a configuration if it is on this machine, else raise (never downloads)."""
+    from localsgd import data
+
+    if name in data.CIFAR_DATASETS:
+        return data.load_cifar(name, download=False)
+    return data.load_image_dataset(name)
+
+
+def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] | None,
+         budget_s: float, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
+    from localsgd.paper import gpu_plan
+    from localsgd.train import LOOP_PHASES, RunLimit, train
+
+    t0, rows, cache = time.perf_counter(), [], {}
+    for notebook, configs in gpu_plan.paper_configs(notebooks_dir, only).items():
+        if not configs:
+            continue
+        cfg = dataclasses.replace(configs[0], device=str(device))
+        row: dict[str, Any] = {
+            "notebook": notebook, "dataset": cfg.dataset, "model": cfg.model,
+            "width": cfg.width, "world_size": cfg.world_size, "local_batch": cfg.local_batch,
+            "local_steps": cfg.local_steps, "batched": cfg.batched, "precision": cfg.precision,
+            "status": "ok", "updates": 0, "train_images": 0, "images_per_s": ""}
+        if time.perf_counter() - t0 > budget_s:
+            rows.append({**row, "status": "not run: time budget spent"})
+            continue
+        try:
+            if cfg.dataset not in cache:
+                cache[cfg.dataset] = _dataset(cfg.dataset)
+        except (OSError, ValueError) as exc:  # not on this machine (or unreadable): skipped
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            rows.append({**row, "status": f"skipped: {type(exc).__name__}: {first}"})
+            say(f"  loop: {notebook}: {rows[-1]['status']}")
+            continue
+        try:
+            phases: dict[str, Any] = {}
+            limit = RunLimit(updates=size.updates, batch=size.loop_batch,
+                             eval_images=size.eval_images)
+            records = train(cfg, dataset=cache[cfg.dataset], progress=False, limit=limit,
+                            on_phases=phases.update)
+            updates = int(records["step"].iloc[-1])
+            per_worker = size.loop_batch or cfg.local_batch
+            busy = sum(float(phases.get(k, 0.0)) for k in ("data", "compute", "engine"))
+            row.update(updates=updates, train_images=updates * cfg.world_size * per_worker,
+                       **{f"{k}_s": round(float(phases.get(k, 0.0)), 3) for k in LOOP_PHASES})
+            row["images_per_s"] = round(row["train_images"] / busy, 1) if busy > 0 else ""
+        except Exception as exc:  # noqa: BLE001 -- reported as a failed row, the others go on
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            row["status"] = f"FAIL: {type(exc).__name__}: {first}"
+        rows.append(row)
+        say(f"  loop: {notebook} ({cfg.model}, K={cfg.world_size}, B_loc={cfg.local_batch}): "
+            + (f"{row['images_per_s']} images/s" if row["status"] == "ok" else row["status"]))
+    return rows
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
+
+
+def _commit(root: Path) -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from localsgd.paper import doctor
+    from localsgd.paper.results import repo_root
+
+    p = argparse.ArgumentParser(prog="localsgd gpu-check", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=Path, default=repo_root() / "figures" / "gpu",
+                   help="folder for doctor.json, sweep.csv, loop.csv, provenance.json")
+    p.add_argument("--toy", action="store_true", help="toy sizes (a CPU test of the steps)")
+    p.add_argument("--only", nargs="+", metavar="NB", help="loop: only these notebooks")
+    p.add_argument("--skip", nargs="+", default=[], choices=["doctor", "sweep", "loop"])
+    p.add_argument("--sweep-minutes", type=float, default=6.0)
+    p.add_argument("--loop-minutes", type=float, default=8.0)
+    p.add_argument("--notebooks", type=Path, default=repo_root() / "notebooks")
+    args = p.parse_args(argv)
+    try:
+        device = torch.device(args.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("torch.cuda.is_available() is False")
+    except (RuntimeError, ValueError) as exc:
+        print(f"error: --device {args.device}: {exc}", file=sys.stderr)
+        return 2
+    size = TOY if args.toy else FULL
+    args.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    name = device_name(device)
+    print(f"gpu-check on {name} ({device}), {'toy' if args.toy else 'full'} size -> {args.out}")
+    status = 0
+    if "doctor" not in args.skip:
+        print("1/3 doctor")
+        lines: list[str] = []
+        status |= doctor.run(devices=[str(device) if device.index is not None or
+                                      device.type == "cpu" else f"{device.type}:0"],
+                             as_json=True, out=lines.append)
+        (args.out / "doctor.json").write_text("\n".join(lines) + "\n")
+        checks = json.loads(lines[-1])["checks"]
+        for c in checks:
+            print(f"  doctor: [{c['status']}] {c['name']}")
+    extra = {"gpu": name, "device": str(device)}
+    if "sweep" not in args.skip:
+        print(f"2/3 throughput sweep (at most {args.sweep_minutes:g} min)")
+        rows = sweep(device, size, args.sweep_minutes * 60)
+        _write_csv(args.out / "sweep.csv", [{**r, **extra} for r in rows])
+    if "loop" not in args.skip:
+        print(f"3/3 training loop, {size.updates} updates of each notebook's first "
+              f"configuration (at most {args.loop_minutes:g} min)")
+        rows = loop(device, size, args.notebooks, args.only, args.loop_minutes * 60)
+        status |= any(r["status"].startswith("FAIL") for r in rows)
+        _write_csv(args.out / "loop.csv", [{**r, **extra} for r in rows])
+    provenance = {
+        "command": "localsgd gpu-check " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "gpu": name, "device": str(device), "size": dataclasses.asdict(size),
+        "versions": doctor.versions(), "commit": _commit(repo_root()),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+    }
+    (args.out / "provenance.json").write_text(json.dumps(provenance, indent=1, default=str) + "\n")
+    print(f"done in {provenance['wall_seconds']:.0f} s: {args.out}")
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
