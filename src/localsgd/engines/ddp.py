@@ -19,7 +19,10 @@
 
 Per step and worker it records wall-clock timestamps (`timeline`), from which
 `localsgd.timing.stragglers.split_waiting` splits each step into compute, waiting and
-communication; it emulates stragglers (`localsgd.timing.stragglers.Stragglers`, the blog's
+communication. On CUDA the host's timestamps see only kernel launches (NCCL's ``wait()`` does
+not block the host), so there the step's durations come from CUDA events on the compute stream,
+read once per update: compute (forward, backward with DDP's gradient all-reduce, optimizer
+step), the model average (``avg_dur_s``), and their sum as the step's ``wall_s``; it emulates stragglers (`localsgd.timing.stragglers.Stragglers`, the blog's
 experiment) and, with ``compute_ms``, replaces the model's compute by a sleep so 8-16 processes
 fit on 2 cores. ``compile`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp =
 MODE`` ("TorchDynamo Update 9: Making DDP Work with TorchDynamo": DDPOptimizer splits the graph
@@ -274,6 +277,8 @@ class DDPEngine:
             marks.append(self._clock.mark())
         action = self.driver.after_step(self.current_lr())
         end = time.time()
+        if gpu:  # after the average's wait(): the compute stream waits for NCCL's stream here
+            marks.append(self._clock.mark())
         level = action.level if action.level is not None and self._sizes[action.level] > 1 \
             else None
         synced = level is not None or action.gossip
@@ -281,18 +286,27 @@ class DDPEngine:
             if glevel is not None else None
         compute = ((grad_arrive if glevel is not None else backward_end) - start
                    + opt_end - backward_end + (0.0 if synced else end - opt_end))
+        wall, avg_dur = end - start, None
         if gpu:
-            # the GPU's own time for forward, backward and the optimizer step (CUDA events, one
-            # host wait per update); it includes the wait for DDP's gradient all-reduce, which
-            # blocks the compute stream at the end of backward (the host stamps above time only
-            # kernel launches on a GPU)
-            compute = self._clock.seconds([[(marks[0], marks[1])]])[0]
+            # the GPU's own time (CUDA events, one host wait per update): forward, backward and
+            # the optimizer step, including the wait for DDP's gradient all-reduce, which blocks
+            # the compute stream at the end of backward (not separable on one stream: counted
+            # as compute, once); then the model average. The host stamps above time launches.
+            compute, after = self._clock.seconds([[(marks[0], marks[1])], [(marks[1], marks[2])]])
+            wall = compute + after  # so compute <= wall, as on a CPU
+            if synced:
+                avg_dur = after
+            else:
+                compute = wall
         self.timeline.append({
-            "step": t, "rank": self.rank, "start": start, "end": end, "wall_s": end - start,
+            "step": t, "rank": self.rank, "start": start, "end": end, "wall_s": wall,
             "compute_s": compute, "stall_s": stall,
             "grad_level": glevel, "grad_arrive": grad_arrive,
             "grad_end": backward_end if glevel is not None else None,
             "grad_bytes": hook.bytes,
+            # on CUDA: the sync's duration on this rank from events (split_waiting's rule);
+            # the gradient all-reduce is inside compute there, so it has none
+            "clock": "events" if gpu else "host", "grad_dur_s": None, "avg_dur_s": avg_dur,
             "avg_level": level, "avg_arrive": opt_end if synced else None,
             "avg_end": end if synced else None,
             "avg_bytes": self._avg_bytes if level is not None else 0,

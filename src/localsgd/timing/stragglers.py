@@ -98,6 +98,12 @@ def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFram
     group G: ``wait = max_{j in G} arrive_j - arrive_r`` (blocked because another rank is late)
     and ``comm = end_r - max_{j in G} arrive_j`` (moving the bytes). Adds ``wait_s`` and
     ``comm_s`` (summed over both kinds) and ``wait_{k}_s`` / ``comm_{k}_s``.
+
+    Rows whose ``clock`` is ``"events"`` (CUDA: host timestamps see only kernel launches) carry
+    durations ``{k}_dur_s`` from CUDA events instead, and the same rule is applied to them: the
+    group finishes together, so the last to arrive spends the least, ``comm = min_{j in G}
+    dur_j`` and ``wait = dur_r - comm``. Such a row with a level and no duration (the gradient
+    all-reduce, inside backward on the compute stream) is compute: wait = comm = 0.
     """
     import pandas as pd  # here, not above: the engines import Stragglers on the base install
 
@@ -114,9 +120,19 @@ def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFram
             sizes = level[has].astype(int).map(lambda lv: group_sizes[lv])
             sub["group"] = sub["rank"] // sizes
             sub["level"] = level[has].astype(int)
-            release = arrive[has].groupby([sub["step"], sub["level"], sub["group"]]).transform("max")
-            wait[has] = (release - arrive[has]).clip(lower=0.0)
-            comm[has] = (end[has] - release).clip(lower=0.0)
+            keys = [sub["step"], sub["level"], sub["group"]]
+            events = (df["clock"] == "events") if "clock" in df else pd.Series(False, df.index)
+            host = has & ~events
+            if host.any():
+                release = arrive[host].groupby([k[host[has]] for k in keys]).transform("max")
+                wait[host] = (release - arrive[host]).clip(lower=0.0)
+                comm[host] = (end[host] - release).clip(lower=0.0)
+            timed = has & events
+            if timed.any():
+                d = pd.to_numeric(df.loc[timed, f"{kind}_dur_s"], errors="coerce")
+                fastest = d.groupby([k[timed[has]] for k in keys]).transform("min")
+                comm[timed] = fastest.fillna(0.0)
+                wait[timed] = (d - fastest).clip(lower=0.0).fillna(0.0)
         df[f"wait_{kind}_s"], df[f"comm_{kind}_s"] = wait, comm
         df["wait_s"] += wait
         df["comm_s"] += comm
