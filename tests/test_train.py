@@ -75,13 +75,13 @@ def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported
     import localsgd.train as loop
 
     sizes, phases, evaluated = [], [], []
-    evaluate = loop.evaluate
+    eval_batches = loop.eval_batches
 
     def counted_evaluation(model, x, *args, **kwargs):
         evaluated.append(len(x))
-        return evaluate(model, x, *args, **kwargs)
+        return eval_batches(model, x, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "evaluate", counted_evaluation)
+    monkeypatch.setattr(loop, "eval_batches", counted_evaluation)
 
     def engine(c, n_train, num_classes):
         built = build_engine(c, n_train, num_classes)

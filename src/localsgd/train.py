@@ -35,10 +35,10 @@ import signal
 import threading
 import time
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
@@ -463,11 +463,11 @@ class _MemoryBatches:
 
     eval_limit: int | None = None  # test images evaluated (a dry run's bound; None: all)
 
-    def evaluate(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
-                 threads: int = 1) -> tuple[float, float]:
+    def eval_batches(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
+                     threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
         n = self.eval_limit
-        return evaluate(model, self.test_x[:n], self.test_y[:n], self.ds.mean, self.ds.std,
-                        self.eval_batch, layout, threads)
+        return eval_batches(model, self.test_x[:n], self.test_y[:n], self.ds.mean, self.ds.std,
+                            self.eval_batch, layout, threads, shard)
 
 
 class _StreamedBatches:
@@ -527,45 +527,75 @@ class _StreamedBatches:
         return out
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
-                 threads: int = 1) -> tuple[float, float]:
+    def eval_batches(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
+                     threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
         # one batch at a time: the loader's worker processes are the parallelism here
         model.eval()
         dtype = next(model.parameters()).dtype
         n, e = len(self.folders.val), self.eval_batch_size()
         n = min(n, self.eval_limit or n)
-        loader = self.loader(self.folders.val, [list(range(i, min(i + e, n)))
-                                                for i in range(0, n, e)])
-        correct, loss = 0, 0.0
-        for x, y in loader:
+        starts = list(range(0, n, e))[shard[0]::shard[1]]
+        loader = self.loader(self.folders.val, [list(range(i, min(i + e, n))) for i in starts])
+        out_rows = []
+        for start, (x, y) in zip(starts, loader, strict=True):
             out = model(self._normalized(x).to(dtype, memory_format=layout))
             y = y.to(self.device)
-            loss += nn.functional.cross_entropy(out.float(), y, reduction="sum").item()
-            correct += int((out.argmax(1) == y).sum())
-        return 100.0 * correct / max(n, 1), loss / max(n, 1)
+            loss, hits = torch.stack([nn.functional.cross_entropy(out.float(), y, reduction="sum"),
+                                      (out.argmax(1) == y).sum().float()]).tolist()
+            out_rows.append(EvalBatch(start, len(y), loss, int(hits)))
+        return out_rows
+
+
+class EvalBatch(NamedTuple):
+    """One evaluation batch's sums: where it starts in the test set, its images, summed
+    cross-entropy and hits."""
+
+    start: int
+    images: int
+    loss: float
+    hits: int
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
-             batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
-             threads: int = 1) -> tuple[float, float]:
-    """(top-1 accuracy in %, mean cross-entropy) of ``model`` on uint8 images ``x``, handed to
-    the model in ``layout`` (`localsgd.numerics.memory_format`); batches of ``batch`` images,
-    spread over ``threads`` host threads (`host_map`: the same sums as one at a time)."""
+def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
+                 batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
+                 threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
+    """The sums of ``model`` on uint8 images ``x`` batch by batch (``batch`` images, handed to
+    the model in ``layout``, spread over ``threads`` host threads), for the batches of shard
+    ``shard = (i, n)``: batches i, i + n, i + 2n, ... (under torchrun each process evaluates
+    one shard; `combine_eval` adds the shards up in batch order)."""
     model.eval()
     dtype = next(model.parameters()).dtype
 
-    def one(i: int) -> tuple[float, int]:
+    def one(i: int) -> EvalBatch:
         xb = data_mod.normalize(x[i:i + batch], mean, std).to(dtype, memory_format=layout)
         out = model(xb)
-        return (float(nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum")),
-                int((out.argmax(1) == y[i:i + batch]).sum()))
+        loss, hits = torch.stack([
+            nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum"),
+            (out.argmax(1) == y[i:i + batch]).sum().to(out.dtype)]).tolist()
+        return EvalBatch(i, len(y[i:i + batch]), loss, int(hits))
 
-    correct, loss = 0, 0.0
-    for batch_loss, hits in host_map(one, range(0, len(x), batch), threads):
-        loss += batch_loss  # in batch order: bitwise the sequential sum
-        correct += hits
-    return 100.0 * correct / len(x), loss / len(x)
+    return host_map(one, list(range(0, len(x), batch))[shard[0]::shard[1]], threads)
+
+
+def combine_eval(shards: Sequence[Sequence[EvalBatch]]) -> tuple[float, float]:
+    """(top-1 accuracy in %, mean cross-entropy) from every shard's `EvalBatch` rows, summed in
+    batch order: bitwise what one process evaluating every batch computes."""
+    rows = sorted((r for shard in shards for r in shard), key=lambda r: r.start)
+    n = sum(r.images for r in rows)
+    loss, correct = 0.0, 0
+    for r in rows:
+        loss += r.loss
+        correct += r.hits
+    return 100.0 * correct / max(n, 1), loss / max(n, 1)
+
+
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
+             batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
+             threads: int = 1) -> tuple[float, float]:
+    """(top-1 accuracy in %, mean cross-entropy) of ``model`` on uint8 images ``x``: every
+    batch of `eval_batches`, added up by `combine_eval`."""
+    return combine_eval([eval_batches(model, x, y, mean, std, batch, layout, threads)])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -704,6 +734,8 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
     dtype = getattr(torch, cfg.dtype)
     ranks = engine.local_ranks  # the workers this process runs (all K in the replica engine)
+    # this process's evaluation shard: (0, 1) in the replica engine, (rank, K) under torchrun
+    shard = (ranks[0] // len(ranks), engine.world_size // len(ranks))
     multi = ranks != list(range(engine.world_size))  # one worker per process: per-rank files
     per_rank = RankCheckpoints(checkpoint_path, engine) if multi and checkpoint_path else None
 
@@ -736,7 +768,9 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
 
     def record(t: int) -> None:
         t_eval = time.perf_counter()
-        acc, loss = source.evaluate(engine.averaged_model(), layout, max(1, threads))
+        # each process evaluates its shard of the test batches (under torchrun: 1/K each)
+        mine = source.eval_batches(engine.averaged_model(), layout, max(1, threads), shard)
+        acc, loss = combine_eval(engine.all_gather_object(mine))
         phases["evaluate"] += time.perf_counter() - t_eval
         # the median worker of every step (mean of the middle two for even K), as if the K
         # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
