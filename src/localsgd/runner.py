@@ -401,7 +401,9 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
         _fail(rank, err)
         return None
     engine = holder[0]
-    timelines = engine.all_gather_object(engine.timeline)
+    # rank 0 alone writes the timing table: only it receives the other ranks' timelines
+    timelines: list | None = [None] * world if rank == 0 else None
+    dist.gather_object(engine.timeline, timelines, dst=0)
     if args.save_final:
         out.mkdir(parents=True, exist_ok=True)
         torch.save(clone_tensors(engine.model.state_dict()), out / f"final_rank{rank}.pt")
@@ -411,7 +413,7 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
             "compile": compile, "compile_backend": args.compile_backend if compile else None,
             "compute_ms": args.compute_ms, "straggler_seconds": args.straggler_seconds,
             "straggler_rate": args.straggler_rate, "straggler_ranks": list(args.straggler_ranks)}
-    summary = write_outputs(out, records, [r for tl in timelines for r in tl],
+    summary = write_outputs(out, records, [r for tl in timelines or [] for r in tl],
                             [lv.group_size for lv in cfg.topology().levels], meta)
     summary["train_loss"] = records.train_loss.tolist()
     summary["compiled_graphs"] = _dynamo_graphs() - graphs_before  # 0 for an eager run
