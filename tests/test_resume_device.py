@@ -90,6 +90,20 @@ def test_precision_is_validated_and_applied_by_train(synth):
     assert set(rec.precision) == {"fp32"} and set(rec.deterministic) == {False}
 
 
+def test_auto_precision_is_tf32_on_cuda_and_exactly_fp32_on_a_cpu(synth):
+    assert TrainConfig().precision == "auto"
+    assert numerics.resolve_precision("auto", "cuda:1") == "tf32"
+    assert numerics.resolve_precision("auto", torch.device("cpu")) == "fp32"
+    assert numerics.resolve_precision("bf16", "cuda") == "bf16"
+    with pytest.raises(ValueError, match="fp16"):
+        numerics.resolve_precision("fp16", "cpu")
+    cfg = dataclasses.replace(HYBRID, epochs=1.0)
+    auto = train(dataclasses.replace(cfg, precision="auto"), dataset=synth, progress=False)
+    fp32 = train(dataclasses.replace(cfg, precision="fp32"), dataset=synth, progress=False)
+    assert set(auto.precision) == {"fp32"}  # the column holds what ran
+    assert auto.train_loss.tolist() == fp32.train_loss.tolist()  # bitwise, on a CPU
+
+
 def test_bf16_autocast_changes_the_arithmetic_and_still_trains(synth):
     cfg = dataclasses.replace(HYBRID, epochs=1.0)
     fp32 = train(cfg, dataset=synth, progress=False)

@@ -172,10 +172,11 @@ class TrainConfig:
     test set and closes a training-accuracy window (finer curves for short runs)."""
     dtype: str = "float32"
     """Parameter dtype ('float32' or 'float64'; float64 for equivalence tests)."""
-    precision: str = "fp32"
-    """Arithmetic of float32 runs (`localsgd.numerics`): 'fp32' (TF32 off: the paper's
-    arithmetic), 'tf32' (TF32 matmuls and convolutions on recent GPUs) or 'bf16' (forward and
-    loss under bfloat16 autocast; opt-in, for speed). Applied once per run and recorded."""
+    precision: str = "auto"
+    """Arithmetic of float32 runs (`localsgd.numerics`): 'auto' (the default: 'tf32' on CUDA,
+    'fp32' elsewhere), 'fp32' (TF32 off: the paper's arithmetic), 'tf32' (TF32 matmuls and
+    convolutions on recent GPUs) or 'bf16' (forward and loss under bfloat16 autocast; opt-in,
+    for speed). Applied once per run; the records' ``precision`` column holds what ran."""
     deterministic: bool = False
     """Deterministic cuDNN / torch algorithms (slower on GPUs; CPU runs are deterministic
     either way)."""
@@ -195,8 +196,9 @@ class TrainConfig:
             raise ValueError(f"momentum_scheme={self.momentum_scheme!r}; valid: {MOMENTUM_SCHEMES}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype={self.dtype!r}; valid: 'float32', 'float64'")
-        if self.precision not in numerics.PRECISIONS:
-            raise ValueError(f"precision={self.precision!r}; valid: {numerics.PRECISIONS}")
+        if self.precision not in (numerics.AUTO, *numerics.PRECISIONS):
+            raise ValueError(f"precision={self.precision!r}; valid: "
+                             f"{(numerics.AUTO, *numerics.PRECISIONS)}")
         if self.memory_format not in numerics.MEMORY_FORMATS:
             raise ValueError(f"memory_format={self.memory_format!r}; valid: "
                              f"{numerics.MEMORY_FORMATS}")
@@ -715,7 +717,8 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
            on_phases) -> pd.DataFrame:
     """`train`'s body, with torch's threads already set for ``threads`` (0: left alone)."""
     t_start = time.perf_counter()
-    numerics.apply_numerics(cfg.precision, cfg.deterministic, device)
+    precision = numerics.resolve_precision(cfg.precision, device)
+    numerics.apply_numerics(precision, cfg.deterministic, device)
     layout = numerics.memory_format(cfg.memory_format, device)  # of every image batch
     ds = dataset if dataset is not None else load_dataset(cfg)
     source = (_StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
@@ -824,7 +827,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                 stats: dict = {}
                 # bf16 autocast around the whole step: it only changes the forward's matmuls and
                 # convolutions (backward follows their dtypes; SGD and averaging stay float32)
-                with numerics.autocast(cfg.precision, device):
+                with numerics.autocast(precision, device):
                     losses, action = engine.step(batches, nn.functional.cross_entropy,
                                                  stats=stats)
                 step_s = time.perf_counter() - t1
@@ -882,6 +885,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     for key, value in cfg.to_dict().items():
         df[key] = str(value) if isinstance(value, tuple | list) else value
     df["world_size"] = k
+    df["precision"] = precision  # what ran ('auto' resolved for this device)
     df["wall_seconds"] = time.perf_counter() - t_start
     return df
 

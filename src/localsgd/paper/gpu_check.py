@@ -9,7 +9,8 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
    autocast) and input layout (NCHW, NHWC); images/s is the median of timed windows after
    untimed warm-up steps -> ``sweep.csv``.
 3. The training loop on the first configuration of every paper notebook that trains
-   (`gpu_plan.paper_configs`), as paper mode builds it, for ``--updates`` updates: where the
+   (`gpu_plan.paper_configs`), as paper mode builds it (``precision: auto``: TF32 on CUDA),
+   for 50 updates: where the
    loop's time goes (`localsgd.train.LOOP_PHASES`) and its training images/s -> ``loop.csv``.
    A notebook whose data set is not on the machine is listed as skipped, with the reason.
 4. ``provenance.json``: the GPU's name, the versions, the command, the commit, the wall time.
@@ -190,6 +191,7 @@ def _dataset(name: str):
 def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] | None,
          budget_s: float, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
+    from localsgd.numerics import resolve_precision
     from localsgd.paper import gpu_plan
     from localsgd.train import LOOP_PHASES, RunLimit, train
 
@@ -201,7 +203,8 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
         row: dict[str, Any] = {
             "notebook": notebook, "dataset": cfg.dataset, "model": cfg.model,
             "width": cfg.width, "world_size": cfg.world_size, "local_batch": cfg.local_batch,
-            "local_steps": cfg.local_steps, "batched": cfg.batched, "precision": cfg.precision,
+            "local_steps": cfg.local_steps, "batched": cfg.batched,
+            "precision": resolve_precision(cfg.precision, device),
             "status": "ok", "updates": 0, "train_images": 0, "images_per_s": ""}
         if time.perf_counter() - t0 > budget_s:
             rows.append({**row, "status": "not run: time budget spent"})

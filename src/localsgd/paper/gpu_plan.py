@@ -44,8 +44,8 @@ EVAL_COST = 1 / 3  # one evaluated image relative to one trained image (forward 
 
 @dataclass(frozen=True)
 class Throughput:
-    """Training images per second per GPU for one model (float32, TF32 off: the paper's
-    arithmetic), with its provenance."""
+    """Training images per second per GPU for one model, with its provenance (the estimates:
+    float32 with TF32 off; measured rows: what paper mode ran there, named in ``source``)."""
 
     gpu: str
     model: str
@@ -97,8 +97,9 @@ DEFAULT_GPU = _A100
 
 def measured_throughputs(loop_csv: str | Path) -> dict[tuple[str, str], Throughput]:
     """Measured entries from ``localsgd gpu-check``'s ``loop.csv`` (`localsgd.paper.gpu_check`):
-    per (GPU, model), the median training images/s of its rows that ran ("ok") in fp32, the
-    paper's arithmetic. Nothing when the file does not exist."""
+    per (GPU, model), the median training images/s of its rows that ran ("ok"), in the
+    arithmetic paper mode uses there (``precision: auto``; the source names it). Nothing when
+    the file does not exist."""
     import csv
 
     path = Path(loop_csv)
@@ -107,9 +108,9 @@ def measured_throughputs(loop_csv: str | Path) -> dict[tuple[str, str], Throughp
     by_key: dict[tuple[str, str], list[tuple[float, str]]] = {}
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):
-            if r.get("status") == "ok" and r.get("precision") == "fp32" and r.get("images_per_s"):
+            if r.get("status") == "ok" and r.get("images_per_s"):
                 by_key.setdefault((r["gpu"], r["model"]), []).append(
-                    (float(r["images_per_s"]), r["notebook"]))
+                    (float(r["images_per_s"]), f"{r['notebook']} ({r.get('precision')})"))
     out = {}
     for (gpu, model), rows in by_key.items():
         rates = sorted(v for v, _ in rows)
