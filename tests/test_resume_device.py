@@ -10,6 +10,7 @@ as loaded (the outer step's anchor and momentum buffer) must follow the engine's
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pandas as pd
 import pytest
@@ -102,6 +103,28 @@ def test_auto_precision_is_tf32_on_cuda_and_exactly_fp32_on_a_cpu(synth):
     fp32 = train(dataclasses.replace(cfg, precision="fp32"), dataset=synth, progress=False)
     assert set(auto.precision) == {"fp32"}  # the column holds what ran
     assert auto.train_loss.tolist() == fp32.train_loss.tolist()  # bitwise, on a CPU
+
+
+def test_auto_batched_is_the_batched_engine_for_replicas_on_cuda_only(synth):
+    from localsgd.runner import _field_parser
+    from localsgd.train import use_batched
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    cfg = TrainConfig(world_size=4)
+    assert cfg.batched == "auto" and use_batched(cfg, cuda) is True
+    assert not use_batched(cfg, cpu) and not use_batched(cfg, cuda, replicas=False)
+    assert not use_batched(dataclasses.replace(cfg, world_size=1), cuda)
+    assert use_batched(dataclasses.replace(cfg, batched=True), cpu) is True
+    assert use_batched(dataclasses.replace(cfg, batched=False), cuda) is False
+    with pytest.raises(ValueError, match="true, false or 'auto'"):
+        TrainConfig(batched="maybe")
+    assert TrainConfig.from_dict({"batched": "auto"}).batched == "auto"
+    with pytest.raises(ValueError, match="true, false or 'auto'"):
+        TrainConfig.from_dict({"batched": "yes please"})
+    parse = _field_parser(typing.get_type_hints(TrainConfig)["batched"])
+    assert (parse("auto"), parse("true"), parse("off")) == ("auto", True, False)
+    rec = train(dataclasses.replace(HYBRID, epochs=1.0), dataset=synth, progress=False)
+    assert set(rec.batched) == {False}  # what ran on this CPU
 
 
 def test_bf16_autocast_changes_the_arithmetic_and_still_trains(synth):

@@ -57,13 +57,16 @@ RESUME_REQUIRED, RESUME_AUTO = "required", "auto"  # --resume (bare) and --resum
 
 def _field_parser(hint: Any) -> Callable[[str], Any]:
     args = typing.get_args(hint)
-    if hint is bool:
-        def parse_bool(text: str) -> bool:
+    if hint is bool or set(args) == {bool, str}:  # the latter: a switch with 'auto'
+        def parse_bool(text: str) -> bool | str:
             if text.lower() in ("1", "true", "yes", "on"):
                 return True
             if text.lower() in ("0", "false", "no", "off"):
                 return False
-            raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false)")
+            if hint is not bool and text.lower() == "auto":
+                return "auto"
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a boolean (true/false{'' if hint is bool else '/auto'})")
         return parse_bool
     if typing.get_origin(hint) is tuple:
         return lambda text: tuple(float(v) for v in text.split(",") if v.strip())

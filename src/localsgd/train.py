@@ -159,8 +159,13 @@ class TrainConfig:
     """SGP peers per gossip round."""
 
     # -- engine and bookkeeping
-    batched: bool = False
-    """Run the K replicas as one vmapped model (`BatchedReplicaEngine`), e.g. on one GPU."""
+    batched: bool | str = "auto"
+    """Run the K replicas as one vmapped model (`BatchedReplicaEngine`). 'auto' (the default,
+    `use_batched`): on CUDA for K >= 2 replicas in one process, where it computes what the
+    sequential engine computes (every schedule kind of the paper's grids, float64:
+    tests/test_batched_paper_kinds.py) 2.5-3x as fast (H200, figures/gpu/sweep.csv), unless its
+    memory estimate does not fit; sequential elsewhere (on a CPU the sequential engine with
+    host threads is faster). The records' ``batched`` column holds what ran."""
     seed: int = 0
     """Fixes model init, data order and worker k's stream (seed + k)."""
     device: str = "cpu"
@@ -206,6 +211,9 @@ class TrainConfig:
                 or self.host_threads < 0:
             raise ValueError(f"host_threads={self.host_threads!r}: must be an integer >= 0 "
                              "(0: one per torch thread, at most K)")
+        if self.batched not in (True, False, "auto") or isinstance(self.batched, int) \
+                and not isinstance(self.batched, bool):
+            raise ValueError(f"batched={self.batched!r}: must be true, false or 'auto'")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic={self.deterministic!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
         if not self.epochs > 0:
@@ -268,6 +276,11 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
     YAML 1.1's ``1e-4``, which PyYAML reads as text, becomes a float), booleans, strings, None
     for optional fields, a list of numbers for a tuple. A wrong type is one ValueError line."""
     args = typing.get_args(hint)
+    if set(args) == {bool, str}:  # a switch with 'auto' (`batched`)
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError(f"{name}: {value!r} ({type(value).__name__}) is not true, false or "
+                         "'auto'")
     if type(None) in args:
         if value is None:
             return None
@@ -325,6 +338,14 @@ def lr_schedule(cfg: TrainConfig, n_train: int) -> LRSchedule:
 ENGINES = ("replicas", "ddp")
 
 
+def use_batched(cfg: TrainConfig, device: torch.device, replicas: bool = True) -> bool:
+    """Whether ``cfg`` runs the batched replica engine: ``cfg.batched`` itself, or for 'auto':
+    yes on CUDA for K >= 2 replicas in this process (``replicas``), no elsewhere."""
+    if cfg.batched != "auto":
+        return bool(cfg.batched)
+    return replicas and device.type == "cuda" and cfg.world_size >= 2
+
+
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
                  threads: int | None = None, **options: Any) -> Engine:
     """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
@@ -339,9 +360,9 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     if kind == "ddp" and cfg.peers_per_step != 1:
         raise ValueError(f"peers_per_step={cfg.peers_per_step}: the ddp engine gossips with one "
                          "peer per round; use peers_per_step=1 or the replicas engine")
-    if kind == "ddp" and cfg.batched:
+    if kind == "ddp" and cfg.batched is True:
         raise ValueError("batched=True vmaps K replicas in one process; the ddp engine runs one "
-                         "worker per process: set batched=False")
+                         "worker per process: set batched=False (or 'auto')")
     steps_per_epoch, _ = _steps(cfg, n_train)
     dtype = getattr(torch, cfg.dtype)
     schedule = SyncSchedule(
@@ -379,8 +400,9 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                          average_buffers=cfg.average_buffers, device=device,
                          num_classes=num_classes, **options)
-    kw = {} if cfg.batched else {"threads": threads or max(1, cfg.host_threads)}
-    engine_cls = BatchedReplicaEngine if cfg.batched else ReplicaEngine
+    batched = use_batched(cfg, device)
+    kw = {} if batched else {"threads": threads or max(1, cfg.host_threads)}
+    engine_cls = BatchedReplicaEngine if batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
                       average_buffers=cfg.average_buffers, peers_per_step=cfg.peers_per_step,
@@ -391,7 +413,7 @@ def host_threads(cfg: TrainConfig, device: torch.device, default_engine: bool = 
     """Host threads a run of ``cfg`` spreads its replicas over (`TrainConfig.host_threads`,
     0 resolved from torch's intra-op threads now), or 0 where torch's threads are left alone:
     off the CPU, the batched engine, a single worker, or an engine ``train`` did not build."""
-    if (device.type != "cpu" or cfg.batched or not default_engine
+    if (device.type != "cpu" or use_batched(cfg, device) or not default_engine
             or (cfg.world_size < 2 and not cfg.host_threads)):
         return 0
     return cfg.host_threads or min(cfg.world_size, torch.get_num_threads())
@@ -409,7 +431,8 @@ def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[
         return models_mod.build_model(cfg.model, num_classes=num_classes, width=cfg.width)
 
     outer = cfg.momentum_scheme in ("global", "hybrid") or cfg.slowmo_frequency is not None
-    kw = {"batched": cfg.batched, "outer": outer,
+    batched = use_batched(cfg, torch.device("cuda"))  # this check runs for CUDA runs
+    kw = {"batched": batched, "outer": outer,
           "optimizer": "sgd_momentum" if cfg.momentum > 0 else "sgd"}
     need = memory_mod.estimate_replica_memory(model_fn, cfg.world_size, cfg.local_batch,
                                               input_shape, dtype, **kw)
@@ -419,7 +442,7 @@ def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[
                                   reserve_bytes=reserve_bytes, k_max=cfg.world_size, **kw)
     gib = 1 << 30
     raise ValueError(
-        f"{cfg.world_size} {'batched ' if cfg.batched else ''}replicas of {cfg.model} (width "
+        f"{cfg.world_size} {'batched ' if batched else ''}replicas of {cfg.model} (width "
         f"{cfg.width:g}) at B_loc = {cfg.local_batch} need about {need / gib:.1f} GiB of device "
         f"memory, {free_bytes / gib:.1f} GiB are free (keeping {reserve_bytes / gib:.1f} GiB "
         f"back): at most {fit} fit. Use batched=False (one replica's activations at a time), "
@@ -702,22 +725,28 @@ def train(
     """
     device = run_device(cfg)  # a bad device fails here, before any data is loaded
     threads = host_threads(cfg, device, default_engine=engine is None)
+    # the 'auto' fields decided for this device: the records show what ran; checkpoints keep
+    # the configuration as asked (a resume compares with that)
+    asked = cfg
+    cfg = dataclasses.replace(cfg, precision=numerics.resolve_precision(cfg.precision, device),
+                              batched=use_batched(cfg, device, replicas=engine is None))
     saved_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(1)
     try:
         return _train(cfg, device, threads, dataset, checkpoint_path, checkpoint_every, resume,
-                      progress, on_step, engine, checkpoint_every_steps, limit, on_phases)
+                      progress, on_step, engine, checkpoint_every_steps, limit, on_phases,
+                      asked)
     finally:
         torch.set_num_threads(saved_threads)
 
 
 def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkpoint_path,
            checkpoint_every, resume, progress, on_step, engine, checkpoint_every_steps, limit,
-           on_phases) -> pd.DataFrame:
+           on_phases, asked: TrainConfig | None = None) -> pd.DataFrame:
     """`train`'s body, with torch's threads already set for ``threads`` (0: left alone)."""
     t_start = time.perf_counter()
-    precision = numerics.resolve_precision(cfg.precision, device)
+    precision = cfg.precision  # resolved by train()
     numerics.apply_numerics(precision, cfg.deterministic, device)
     layout = numerics.memory_format(cfg.memory_format, device)  # of every image batch
     ds = dataset if dataset is not None else load_dataset(cfg)
@@ -731,7 +760,16 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
         shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, _StreamedBatches)
                  else tuple(source.train_x.shape[1:]))
-        check_replica_memory(cfg, source.num_classes, shape, torch.cuda.mem_get_info(device)[0])
+        free = torch.cuda.mem_get_info(device)[0]
+        try:
+            check_replica_memory(cfg, source.num_classes, shape, free)
+        except ValueError:
+            if not (asked is not None and asked.batched == "auto" and cfg.batched):
+                raise
+            # 'auto' chose the batched engine, whose K replicas' activations do not fit at once
+            cfg = dataclasses.replace(cfg, batched=False)
+            print(f"batched replicas of {cfg.model} do not fit: running them one after another")
+            check_replica_memory(cfg, source.num_classes, shape, free)
     engine = (engine(cfg, n_train, source.num_classes) if engine is not None
               else build_engine(cfg, n_train, source.num_classes, threads=max(1, threads)))
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
@@ -748,9 +786,9 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                   step_seconds=[[] for _ in ranks])
     state = None
     if per_rank is not None and resume:
-        state = per_rank.load_latest(cfg)
+        state = per_rank.load_latest(asked or cfg)
     elif checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
-        state = load_checkpoint(checkpoint_path, cfg)
+        state = load_checkpoint(checkpoint_path, asked or cfg)
     if state is not None:
         engine.load_state_dict(state["engine"])
         records = list(state["records"])
@@ -760,7 +798,8 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                   f"{Path(checkpoint_path).parent})", flush=True)
 
     def snapshot() -> dict:
-        return {"format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "engine": engine.state_dict(),
+        return {"format": CHECKPOINT_FORMAT, "config": (asked or cfg).to_dict(),
+                "engine": engine.state_dict(),
                 "records": records, "totals": dataclasses.asdict(tot)}
 
     def checkpoint() -> None:
@@ -885,7 +924,6 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     for key, value in cfg.to_dict().items():
         df[key] = str(value) if isinstance(value, tuple | list) else value
     df["world_size"] = k
-    df["precision"] = precision  # what ran ('auto' resolved for this device)
     df["wall_seconds"] = time.perf_counter() - t_start
     return df
 
