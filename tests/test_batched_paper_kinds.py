@@ -92,3 +92,33 @@ def test_batched_equals_sequential_in_float64(name):
     assert last["sync_l0"] > 0 or kind["gossip"] or cfg.world_size == 1
     if kind["block steps"]:
         assert last["sync_l1"] > 0 and last["sync_l0"] > 0  # block and global averages
+
+
+def test_every_mode_file_passes_the_notebooks_parameter_rules():
+    # papermill injects the YAML values into the parameters cell; notebook.params checks them
+    # there, so a value the rules refuse (e.g. batched: auto before SWITCH) breaks a whole mode
+    import yaml
+
+    from localsgd.paper import notebook
+
+    for path in sorted((NOTEBOOKS / "params").glob("*/*.yaml")):
+        values = yaml.safe_load(path.read_text()) or {}
+        known = {k: v for k, v in values.items() if k in notebook.RULES}
+        notebook.check(**known)  # raises ParameterError naming the bad value
+        if "batched" in values:
+            assert known["batched"] in (True, False, "auto"), path
+
+
+def test_a_resume_refuses_a_checkpoint_of_the_other_replica_engine(tmp_path, monkeypatch):
+    # batched: auto may decide differently when resumed (another GPU, less free memory)
+    import localsgd.train as loop
+
+    cfg = dataclasses.replace(_toy(KINDS[min(KINDS)], False), dtype="float32",
+                              batched="auto")
+    ds = data.synthetic_image_dataset(2 * cfg.world_size, 16, num_classes=4, image_size=8, seed=0)
+    ckpt = tmp_path / "run.pt"
+    train(cfg, dataset=ds, progress=False, checkpoint_path=ckpt, checkpoint_every=1)
+    monkeypatch.setattr(loop, "use_batched", lambda *a, **k: True)  # as a GPU would choose
+    with pytest.raises(ValueError, match="written by the sequential replica engine.*"
+                                         "resume with batched=False"):
+        train(cfg, dataset=ds, progress=False, checkpoint_path=ckpt, resume=True)

@@ -19,7 +19,7 @@ from localsgd.paths import atomic_path
 
 __all__ = ["CHECKPOINT_FORMAT", "RankCheckpoints", "load_checkpoint", "save_checkpoint"]
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2  # 2: the replica stack's rows hold alignment gaps (engines.replicas.FLAT_ALIGN)
 
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:

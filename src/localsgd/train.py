@@ -211,8 +211,7 @@ class TrainConfig:
                 or self.host_threads < 0:
             raise ValueError(f"host_threads={self.host_threads!r}: must be an integer >= 0 "
                              "(0: one per torch thread, at most K)")
-        if self.batched not in (True, False, "auto") or isinstance(self.batched, int) \
-                and not isinstance(self.batched, bool):
+        if not (isinstance(self.batched, bool) or self.batched == "auto"):
             raise ValueError(f"batched={self.batched!r}: must be true, false or 'auto'")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic={self.deterministic!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
@@ -790,6 +789,14 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     elif checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
         state = load_checkpoint(checkpoint_path, asked or cfg)
     if state is not None:
+        ran = state.get("ran", {})  # what 'auto' chose when the checkpoint was written
+        if ran.get("batched", cfg.batched) != cfg.batched:
+            written = "batched" if ran["batched"] else "sequential"
+            raise ValueError(
+                f"checkpoint {checkpoint_path} was written by the {written} replica engine, "
+                f"this run would use the {'batched' if cfg.batched else 'sequential'} one "
+                f"(batched: {asked.batched if asked else cfg.batched!r}); resume with "
+                f"batched={ran['batched']}")
         engine.load_state_dict(state["engine"])
         records = list(state["records"])
         tot = _Totals(**state["totals"])
@@ -799,6 +806,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
 
     def snapshot() -> dict:
         return {"format": CHECKPOINT_FORMAT, "config": (asked or cfg).to_dict(),
+                "ran": {"batched": cfg.batched, "precision": cfg.precision},
                 "engine": engine.state_dict(),
                 "records": records, "totals": dataclasses.asdict(tot)}
 

@@ -244,8 +244,9 @@ class ReplicaCommunicator:
         ``torch.cat([p.flatten() for p in trainable params of replica k])``); ``self.flat``
         is the same numbers with each tensor starting on an aligned offset."""
         k = self.world_size
-        return torch.cat([(col[0] if self._stacked else torch.stack(col)).reshape(k, -1)
-                          for col in self._slots], dim=1)
+        with torch.no_grad():
+            return torch.cat([(col[0] if self._stacked else torch.stack(col)).reshape(k, -1)
+                              for col in self._slots], dim=1)
 
     def _check_aliasing(self) -> None:
         # rebinding p.data (vector_to_parameters, .to(), load_state_dict(assign=True)) detaches a
@@ -570,9 +571,10 @@ class ReplicaEngine(_Engine):
 def _float_batchnorm_input(module: nn.Module, args: tuple) -> tuple | None:
     """Forward pre-hook: hand BatchNorm float32 inputs under bf16/fp16 autocast. Under vmap, the
     BatchNorm rule runs ops that need the running statistics in the input's dtype (seen on an
-    H200: "Expected running_mean to have type BFloat16 but got Float"); cuDNN's own BatchNorm
-    takes bf16 inputs and computes in float32 anyway, so this changes the dtype of the output
-    only (the next convolution casts back to bf16 under autocast)."""
+    H200: "Expected running_mean to have type BFloat16 but got Float"). cuDNN's own BatchNorm
+    takes bf16 inputs and computes in float32 anyway; what changes is its output's dtype: the
+    ReLU and residual add after it run in float32 here (bf16 in the sequential engine) until
+    the next convolution casts back to bf16. bf16 is opt-in and for speed only."""
     x = args[0]
     if x.dtype in (torch.bfloat16, torch.float16):
         return (x.float(), *args[1:])

@@ -191,7 +191,6 @@ def _dataset(name: str):
 def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] | None,
          budget_s: float, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
-    from localsgd.numerics import resolve_precision
     from localsgd.paper import gpu_plan
     from localsgd.train import LOOP_PHASES, RunLimit, train
 
@@ -204,7 +203,7 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
             "notebook": notebook, "dataset": cfg.dataset, "model": cfg.model,
             "width": cfg.width, "world_size": cfg.world_size, "local_batch": cfg.local_batch,
             "local_steps": cfg.local_steps, "batched": cfg.batched,
-            "precision": resolve_precision(cfg.precision, device),
+            "precision": cfg.precision,
             "status": "ok", "updates": 0, "train_images": 0, "images_per_s": ""}
         if time.perf_counter() - t0 > budget_s:
             rows.append({**row, "status": "not run: time budget spent"})
@@ -226,6 +225,9 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
             updates = int(records["step"].iloc[-1])
             per_worker = size.loop_batch or cfg.local_batch
             busy = sum(float(phases.get(k, 0.0)) for k in ("data", "compute", "engine"))
+            # what ran: 'auto' resolved for this device (and the memory check's fallback)
+            row.update(batched=bool(records["batched"].iloc[-1]),
+                       precision=str(records["precision"].iloc[-1]))
             row.update(updates=updates, train_images=updates * cfg.world_size * per_worker,
                        **{f"{k}_s": round(float(phases.get(k, 0.0)), 3) for k in LOOP_PHASES})
             row["images_per_s"] = round(row["train_images"] / busy, 1) if busy > 0 else ""

@@ -114,6 +114,7 @@ def _ddp_model_names() -> tuple[str, ...]:
 
 
 FLAG = Rule(lambda v: isinstance(v, bool), "True or False")
+SWITCH = Rule(lambda v: isinstance(v, bool) or v == "auto", "True, False or 'auto'")
 DEVICE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|mps|cuda(:\d+)?", v) is not None,
               "'cpu', 'cuda', 'cuda:N' or 'mps'")
 SHAPE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[1-9]\d*[x×][1-9]\d*", v) is not None,
@@ -179,7 +180,7 @@ RULES: dict[str, Rule] = {
     "c_inter": number(0.0),
     "topologies": list_of(SHAPE),
     "device": DEVICE,
-    "batched": FLAG,
+    "batched": SWITCH,
     "refresh": FLAG,
     # dynamo_ddp: eager vs compiled DDP (localsgd.paper.bench.ddp)
     "ddp_models": list_of(one_of(lazy=_ddp_model_names)),

@@ -39,7 +39,7 @@ _NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers", "host_threads")
 # Fields added after results were cached: left out of the key at their default, so old runs hit.
 _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
                     "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
-                    "peers_per_step": 1, "image_size": 224, "precision": "fp32",
+                    "peers_per_step": 1, "image_size": 224, "precision": "auto",
                     "deterministic": False, "records_per_epoch": 1}
 
 

@@ -1192,7 +1192,8 @@ def fig08_runs(P, *, seeds: Sequence[int], cfg_dir: str | Path = FIG08_CONFIG_DI
     notebook) both call it."""
     base = base_config(P, world_size=P.nodes * P.gpus_per_node, lr=P.lr, image_size=P.image_size,
                        scale_lr=True, decay_fractions=tuple(P.decay_fractions),
-                       loader_workers=P.loader_workers)
+                       loader_workers=P.loader_workers,
+                       batched=False)  # it plots measured per-worker compute
     configs, labels = fig08_configs(base, H=P.H, seeds=seeds,
                                     local_step_warmup_epochs=P.local_step_warmup_epochs)
     commands = fig08_torchrun(configs, labels, nodes=P.nodes, gpus_per_node=P.gpus_per_node,
