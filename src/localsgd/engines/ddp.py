@@ -22,9 +22,9 @@ Per step and worker it records wall-clock timestamps (`timeline`), from which
 communication. On CUDA the host's timestamps see only kernel launches (NCCL's ``wait()`` does
 not block the host), so there the step's durations come from CUDA events on the compute stream,
 read once per update: compute (forward, backward with DDP's gradient all-reduce, optimizer
-step), the model average (``avg_dur_s``), and their sum as the step's ``wall_s``; it emulates stragglers (`localsgd.timing.stragglers.Stragglers`, the blog's
-experiment) and, with ``compute_ms``, replaces the model's compute by a sleep so 8-16 processes
-fit on 2 cores. ``compile`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp =
+step), the model average (``avg_dur_s``), and their sum as the step's ``wall_s``. It emulates
+stragglers (`localsgd.timing.stragglers.Stragglers`, the blog's experiment) and, with
+``compute_ms``, replaces the model's compute by a sleep so 8-16 processes fit on 2 cores. ``compile`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp =
 MODE`` ("TorchDynamo Update 9: Making DDP Work with TorchDynamo": DDPOptimizer splits the graph
 at bucket boundaries to keep the overlap).
 """
@@ -65,8 +65,8 @@ __all__ = ["COMPILE_MODES", "DDPEngine", "schedule_grad_hook"]
 COMPILE_MODES = ("ddp_optimizer", "no_optimization", "python_reducer")
 # DDP must not overwrite buffers with rank 0's each forward: torch >= 2.14 names that
 # forward_sync_buffers, older releases broadcast_buffers (seen on torch 2.11, the first GPU's)
-_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
-                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+_DDP_ARGS = inspect.signature(DistributedDataParallel).parameters
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_ARGS
                    else {"broadcast_buffers": False})
 
 
@@ -184,8 +184,9 @@ class DDPEngine:
         module = (_EmulatedCompute(model, compute_ms / 1000.0, num_classes) if compute_ms
                   else model)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        # _NO_BUFFER_SYNC: buffers are averaged by the schedule or kept per worker, never overwritten by rank 0's each forward. The
-        # init-time sync DDP still does is a no-op: every rank built the same model from `seed`.
+        # _NO_BUFFER_SYNC: buffers are averaged by the schedule or kept per worker, never
+        # overwritten by rank 0's each forward. The init-time sync DDP still does is a no-op:
+        # every rank built the same model from `seed`.
         self.ddp = DistributedDataParallel(module, device_ids=device_ids,
                                            bucket_cap_mb=bucket_cap_mb, **_NO_BUFFER_SYNC)
         self.ddp.register_comm_hook(self._hook, schedule_grad_hook)
