@@ -24,12 +24,10 @@ way tests/test_gpu_check.py runs it on a CPU.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -241,13 +239,9 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    import pandas as pd
+
+    pd.DataFrame(rows).to_csv(path, index=False)  # columns in first-seen order
 
 
 def device_name(device: torch.device) -> str:
@@ -256,17 +250,9 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
-def _commit(root: Path) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     from localsgd.paper import doctor
-    from localsgd.paper.results import repo_root
+    from localsgd.paper.results import git_state, repo_root
 
     p = argparse.ArgumentParser(prog="localsgd gpu-check", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -317,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     provenance = {
         "command": "localsgd gpu-check " + " ".join(argv if argv is not None else sys.argv[1:]),
         "gpu": name, "device": str(device), "size": dataclasses.asdict(size),
-        "versions": doctor.versions(), "commit": _commit(repo_root()),
+        "versions": doctor.versions(), **git_state(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_seconds": round(time.perf_counter() - t0, 1),
     }
