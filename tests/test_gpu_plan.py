@@ -78,3 +78,17 @@ def test_paper_plan_from_the_notebooks():
     assert p.total["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in p.rows))
     assert p.total["gpu_hours_shared"] <= p.total["gpu_hours"]
     assert p.order[-1] in ("fig08_imagenet", "table05_models")
+
+
+def test_the_committed_h200_loop_prices_resnet20_and_every_other_model_has_an_estimate():
+    # `--gpu "NVIDIA H200"` failed with a KeyError for resnet50 once loop.csv existed: a GPU
+    # with a measurement needs estimates for the models it did not measure
+    loop = repo_root() / "figures" / "gpu" / "loop.csv"
+    measured = g.measured_throughputs(loop)
+    assert set(measured) == {("NVIDIA H200", "resnet20")}
+    table = {**g.THROUGHPUT, **measured}
+    plan = g.plan(g.paper_items(repo_root() / "notebooks", None, "paper"), "NVIDIA H200", table)
+    status = {t.model: t.status for t in plan.throughputs}
+    assert status.pop("resnet20") == "measured"
+    assert status and set(status.values()) == {"ESTIMATE"}
+    assert "1 measured" in plan.format() and plan.total["gpu_hours"] > 0

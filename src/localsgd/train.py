@@ -560,14 +560,16 @@ class _StreamedBatches:
         n = min(n, self.eval_limit or n)
         starts = list(range(0, n, e))[shard[0]::shard[1]]
         loader = self.loader(self.folders.val, [list(range(i, min(i + e, n))) for i in starts])
-        out_rows = []
-        for start, (x, y) in zip(starts, loader, strict=True):
+        sums, images = [], []
+        for x, y in loader:
             out = model(self._normalized(x).to(dtype, memory_format=layout))
             y = y.to(self.device)
-            loss, hits = torch.stack([nn.functional.cross_entropy(out.float(), y, reduction="sum"),
-                                      (out.argmax(1) == y).sum().float()]).tolist()
-            out_rows.append(EvalBatch(start, len(y), loss, int(hits)))
-        return out_rows
+            sums.append(torch.stack([nn.functional.cross_entropy(out.float(), y, reduction="sum"),
+                                     (out.argmax(1) == y).sum().float()]))
+            images.append(len(y))
+        values = torch.stack(sums).tolist() if sums else []  # one host read for all the batches
+        return [EvalBatch(start, n_images, loss, int(hits)) for start, n_images, (loss, hits)
+                in zip(starts, images, values, strict=True)]
 
 
 class EvalBatch(NamedTuple):
@@ -591,15 +593,17 @@ def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, 
     model.eval()
     dtype = next(model.parameters()).dtype
 
-    def one(i: int) -> EvalBatch:
+    def one(i: int) -> torch.Tensor:
         xb = data_mod.normalize(x[i:i + batch], mean, std).to(dtype, memory_format=layout)
         out = model(xb)
-        loss, hits = torch.stack([
-            nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum"),
-            (out.argmax(1) == y[i:i + batch]).sum().to(out.dtype)]).tolist()
-        return EvalBatch(i, len(y[i:i + batch]), loss, int(hits))
+        return torch.stack([nn.functional.cross_entropy(out, y[i:i + batch], reduction="sum"),
+                            (out.argmax(1) == y[i:i + batch]).sum().to(out.dtype)])
 
-    return host_map(one, list(range(0, len(x), batch))[shard[0]::shard[1]], threads)
+    starts = list(range(0, len(x), batch))[shard[0]::shard[1]]
+    sums = host_map(one, starts, threads)
+    values = torch.stack(sums).tolist() if sums else []  # one host read for all the batches
+    return [EvalBatch(i, len(y[i:i + batch]), loss, int(hits))
+            for i, (loss, hits) in zip(starts, values, strict=True)]
 
 
 def combine_eval(shards: Sequence[Sequence[EvalBatch]]) -> tuple[float, float]:
@@ -804,7 +808,35 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
             print(f"resumed from update {engine.t} of {total} (checkpoint in "
                   f"{Path(checkpoint_path).parent})", flush=True)
 
+    # updates whose losses, hit counts and event timings are still on the device: read
+    # together once per record, so an update makes no host synchronisation (on CUDA)
+    unread: list[tuple[torch.Tensor, torch.Tensor | None, Any, float, float | None]] = []
+
+    def settle() -> None:
+        """Add the unread updates to the totals: one host read for all their losses and hits
+        (Python sums in update order, as a per-update read would give), then their timings."""
+        if not unread:
+            return
+        t_wait = time.perf_counter()
+        rows = [torch.cat([lo.double(), (c if c is not None else torch.zeros_like(lo)).double()])
+                for lo, c, *_ in unread]
+        values = torch.stack(rows).tolist()
+        for row, (_, _, seconds, step_s, busy) in zip(values, unread, strict=True):
+            n = len(row) // 2
+            tot.loss_sum += sum(row[:n]) * b
+            tot.correct += int(sum(row[n:]))
+            tot.seen += len(ranks) * b
+            per_worker = seconds.get()
+            for times, sec in zip(tot.step_seconds, per_worker, strict=True):
+                times.append(sec)
+            busy = busy if busy is not None else sum(per_worker)
+            phases["compute"] += busy
+            phases["engine"] += step_s - busy  # the host's time beyond the device's work
+        phases["engine"] += time.perf_counter() - t_wait  # the wait for the device
+        unread.clear()
+
     def snapshot() -> dict:
+        settle()
         return {"format": CHECKPOINT_FORMAT, "config": (asked or cfg).to_dict(),
                 "ran": {"batched": cfg.batched, "precision": cfg.precision},
                 "engine": engine.state_dict(),
@@ -817,6 +849,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
             save_checkpoint(checkpoint_path, snapshot())
 
     def record(t: int) -> None:
+        settle()
         t_eval = time.perf_counter()
         # each process evaluates its shard of the test batches (under torchrun: 1/K each)
         mine = source.eval_batches(engine.averaged_model(), layout, max(1, threads), shard)
@@ -876,17 +909,10 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                 # convolutions (backward follows their dtypes; SGD and averaging stay float32)
                 with numerics.autocast(precision, device):
                     losses, action = engine.step(batches, nn.functional.cross_entropy,
-                                                 stats=stats)
-                step_s = time.perf_counter() - t1
+                                                 stats=stats, sync=False)
                 # host threads overlap the workers' spans: the profile counts their wall time
-                busy = stats.get("compute_wall_seconds", sum(stats["compute_seconds"]))
-                phases["compute"] += busy
-                phases["engine"] += step_s - busy
-                for times, seconds in zip(tot.step_seconds, stats["compute_seconds"], strict=True):
-                    times.append(seconds)
-                tot.loss_sum += sum(losses) * b
-                tot.correct += sum(stats["correct"])
-                tot.seen += len(ranks) * b
+                unread.append((losses, stats["correct"], stats["compute_seconds"],
+                               time.perf_counter() - t1, stats.get("compute_wall_seconds")))
                 if action.level is not None:
                     tot.sync[action.level] += 1
                 if action.allreduce_grads_level is not None:

@@ -58,10 +58,13 @@ class Engine(Protocol):
         """Bytes of one worker's parameters: what one model average moves."""
 
     def step(self, batches: Sequence[Batch], loss_fn: Callable[[torch.Tensor, torch.Tensor],
-             torch.Tensor], stats: dict | None = None) -> tuple[list[float], Action]:
+             torch.Tensor], stats: dict | None = None,
+             sync: bool = True) -> tuple[list[float] | torch.Tensor, Action]:
         """One local update of every local worker (``batches[i]`` for ``local_ranks[i]``), then
         what the schedule says; the losses and the `Action` taken. With ``stats``, fills
-        ``stats["correct"]`` and ``stats["compute_seconds"]`` (one entry per local worker)."""
+        ``stats["correct"]`` and ``stats["compute_seconds"]`` (one entry per local worker).
+        ``sync=False``: losses and hit counts as device tensors, the seconds as a `Deferred`
+        (no host synchronisation; `localsgd.train.train` reads them once per record)."""
 
     def current_lr(self) -> float:
         """The learning rate of the last update."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Batch", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state",
+__all__ = ["Batch", "Deferred", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state",
            "host_map", "set_cuda_rng_state", "to_device", "worker_generator"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -69,6 +69,22 @@ def clone_tensors(obj: Any) -> Any:
     return obj
 
 
+class Deferred:
+    """A value computed at its first `get()`: CUDA event times read at the record, not at every
+    update (each read waits for the GPU, a host synchronisation)."""
+
+    __slots__ = ("_fn", "_value")
+    _UNSET = object()
+
+    def __init__(self, fn: Callable[[], Any]):
+        self._fn, self._value = fn, Deferred._UNSET
+
+    def get(self) -> Any:
+        if self._value is Deferred._UNSET:
+            self._value, self._fn = self._fn(), None
+        return self._value
+
+
 class PhaseClock:
     """Seconds a worker spends in the marked phases of one update (forward + backward, optimizer
     step), read once per update.
@@ -99,7 +115,7 @@ class PhaseClock:
         if not self.events:
             return [sum(end - start for start, end in worker) for worker in spans]
         last = [end for worker in spans for _, end in worker]
-        if last:
+        if last and not last[-1].query():  # done already (a record's read waited): no wait
             last[-1].synchronize()
         return [sum(start.elapsed_time(end) for start, end in worker) / 1e3 for worker in spans]
 

@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from localsgd.averaging import DistributedCommunicator, _all_reduce_mean, float_buffers
 from localsgd.engines.common import (
     Batch,
+    Deferred,
     PhaseClock,
     clone_tensors,
     count_correct,
@@ -239,11 +240,13 @@ class DDPEngine:
         dist.all_gather_object(out, obj)
         return out
 
-    def step(self, batches: Sequence[Batch], loss_fn, stats: dict | None = None
-             ) -> tuple[list[float], Action]:
+    def step(self, batches: Sequence[Batch], loss_fn, stats: dict | None = None,
+             sync: bool = True) -> tuple[list[float] | torch.Tensor, Action]:
         """One local update of this worker (``batches`` = [its (inputs, targets)]), then whatever
         the schedule says. Same contract as `ReplicaEngine.step` for one worker;
-        ``stats["compute_seconds"]`` excludes waiting and communication (see `timeline`)."""
+        ``stats["compute_seconds"]`` excludes waiting and communication (see `timeline`). With
+        ``sync=False`` the loss and hit count stay on the device, but on CUDA the step's
+        `timeline` row still reads its events once per update (one host wait)."""
         if len(batches) != 1:
             raise ValueError(f"a DDP worker takes one batch per step (its own), got {len(batches)}")
         (x, y), = batches
@@ -315,6 +318,11 @@ class DDPEngine:
         })
         loss = loss.detach()
         c = count_correct(out, y, 1) if stats is not None else None
+        if not sync:
+            if stats is not None:
+                stats["correct"] = c.reshape(1) if c is not None else None
+                stats["compute_seconds"] = Deferred(lambda: [compute])
+            return loss.reshape(1), action
         if c is not None:  # one host read for the loss and the hits together
             loss_value, hits = torch.stack([loss, c.to(loss.dtype)]).tolist()
             c = int(hits)

@@ -37,6 +37,7 @@ from torch.func import functional_call, stack_module_state
 from localsgd import gossip as gossip_mod
 from localsgd.engines.common import (
     Batch,
+    Deferred,
     PhaseClock,
     clone_tensors,
     count_correct,
@@ -233,6 +234,7 @@ class ReplicaCommunicator:
                                for col in slots)
         self._aliases = [(t, t.data_ptr(), label) for t, label in aliases]
         self.ps_weight = torch.ones(self.world_size, dtype=flat.dtype, device=flat.device)
+        self.gossiped = False  # ps_weight may differ from 1 (SGP's push-sum weights)
 
     # -- Communicator ------------------------------------------------------------------------
 
@@ -268,7 +270,7 @@ class ReplicaCommunicator:
         g = self.topology.levels[level].group_size
         if g == 1:
             return
-        if torch.all(self.ps_weight == 1):
+        if not self.gossiped:  # a host flag: reading ps_weight would wait for the GPU
             _group_mean_(self.flat, g)
         else:  # after gossip on an irregular graph: average numerators and weights (push-sum)
             x = self.flat * self.ps_weight[:, None]
@@ -301,6 +303,7 @@ class ReplicaCommunicator:
         self._check_aliasing()
         plan = gossip_mod.plan(step, self.world_size, self.peers_per_step)
         gossip_mod.mix_(self.flat, self.ps_weight, plan)
+        self.gossiped = True
 
     # -- extras ------------------------------------------------------------------------------
 
@@ -335,10 +338,11 @@ class ReplicaCommunicator:
         return model
 
     def state_dict(self) -> dict:
-        return {"ps_weight": self.ps_weight.clone()}
+        return {"ps_weight": self.ps_weight.clone(), "gossiped": self.gossiped}
 
     def load_state_dict(self, state: dict) -> None:
         self.ps_weight.copy_(state["ps_weight"])
+        self.gossiped = bool(state.get("gossiped", not torch.all(self.ps_weight == 1)))
 
 
 class _Engine:
@@ -477,7 +481,8 @@ class ReplicaEngine(_Engine):
         batches: Sequence[Batch],
         loss_fn: LossFn,
         stats: dict | None = None,
-    ) -> tuple[list[float], Action]:
+        sync: bool = True,
+    ) -> tuple[list[float] | torch.Tensor, Action]:
         """One local update on every replica (batches[k] = (inputs, targets) of worker k), then
         whatever the schedule says. Returns the K losses (before the update) and the action.
         A replica in eval mode is put back in train mode (a sub-module left in eval mode on
@@ -488,6 +493,11 @@ class ReplicaEngine(_Engine):
         and ``compute_seconds`` (K floats: wall time of worker k's zero_grad + forward +
         backward + optimizer step; accelerators are synchronised before each clock read); with
         host threads also ``compute_wall_seconds``, the wall time of those overlapping spans.
+
+        ``sync=False`` reads nothing back from the device: the losses come as a tensor [K] on
+        the device, ``correct`` as a device tensor [K] (or None) and ``compute_seconds`` as a
+        `Deferred` (CUDA events read when asked), so an update costs no host synchronisation;
+        `localsgd.train.train` reads them once per record.
         """
         self._check_batches(batches)
         self._apply_lr_schedule()
@@ -522,7 +532,12 @@ class ReplicaEngine(_Engine):
         spans = [[a, b] for a, b in zip(first, second, strict=True)] if timed else []
         action = self.driver.after_step(self.current_lr())
         k = len(losses)
-        if timed and correct[0] is not None:  # losses and hit counts in one host read
+        if not sync:
+            losses_out = torch.stack(losses)
+            if timed:
+                stats["correct"] = torch.stack(correct) if correct[0] is not None else None
+                stats["compute_seconds"] = Deferred(lambda: clock.seconds(spans))
+        elif timed and correct[0] is not None:  # losses and hit counts in one host read
             values = torch.cat([torch.stack(losses),
                                 torch.stack(correct).to(losses[0].dtype)]).tolist()
             losses_out, stats["correct"] = values[:k], [int(c) for c in values[k:]]
@@ -530,7 +545,7 @@ class ReplicaEngine(_Engine):
             losses_out = torch.stack(losses).tolist()  # one device sync for all K losses
             if timed:
                 stats["correct"] = [None] * k
-        if timed:
+        if timed and sync:
             stats["compute_seconds"] = clock.seconds(spans)
             if self.threads > 1:  # the K spans overlap: the profile needs their wall time
                 stats["compute_wall_seconds"] = wall
@@ -695,7 +710,8 @@ class BatchedReplicaEngine(_Engine):
         batches: Sequence[Batch],
         loss_fn: LossFn,
         stats: dict | None = None,
-    ) -> tuple[list[float], Action]:
+        sync: bool = True,
+    ) -> tuple[list[float] | torch.Tensor, Action]:
         """One local update on every replica, as one vmapped forward/backward and one optimizer
         step over the stacks; then whatever the schedule says. Same contract as
         `ReplicaEngine.step`, except that ``stats["compute_seconds"]`` gives every worker the
@@ -721,6 +737,11 @@ class BatchedReplicaEngine(_Engine):
         action = self.driver.after_step(self.current_lr())
         correct = count_correct(out, y, 2) if timed else None
         k = self.world_size
+        if not sync:
+            if timed:
+                stats["correct"] = correct
+                stats["compute_seconds"] = Deferred(lambda: [clock.seconds([spans])[0] / k] * k)
+            return losses.detach(), action
         if correct is not None:  # losses and hit counts in one host read
             values = torch.cat([losses.detach(), correct.to(losses.dtype)]).tolist()
             losses_out, stats["correct"] = values[:k], [int(c) for c in values[k:]]

@@ -10,7 +10,7 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
    untimed warm-up steps -> ``sweep.csv``.
 3. The training loop on the first configuration of every paper notebook that trains
    (`gpu_plan.paper_configs`), as paper mode builds it (``precision: auto``: TF32 on CUDA),
-   for 50 updates: where the
+   for 50 updates after 5 untimed ones: where the
    loop's time goes (`localsgd.train.LOOP_PHASES`) and its training images/s -> ``loop.csv``.
    A notebook whose data set is not on the machine is listed as skipped, with the reason.
 4. ``provenance.json``: the GPU's name, the versions, the command, the commit, the wall time.
@@ -46,7 +46,8 @@ H_SWEEP = 8  # the sweep's averaging period (Table 5's local-SGD setting)
 @dataclass(frozen=True)
 class Size:
     """How big each part runs: the sweep's K, B, width, windows and steps per window; the loop's
-    updates, samples per worker (None: the configuration's B_loc) and evaluated images."""
+    untimed warm-up updates (cuDNN tunes its kernels for each new shape there), timed updates,
+    samples per worker (None: the configuration's B_loc) and evaluated images."""
 
     k: int
     b: int
@@ -54,15 +55,16 @@ class Size:
     windows: int
     steps: int
     warmup: int
+    loop_warmup: int
     updates: int
     loop_batch: int | None
     eval_images: int | None
 
 
-FULL = Size(k=16, b=128, width=1.0, windows=5, steps=4, warmup=3, updates=50, loop_batch=None,
-            eval_images=None)
-TOY = Size(k=2, b=4, width=0.25, windows=2, steps=1, warmup=1, updates=2, loop_batch=2,
-           eval_images=16)
+FULL = Size(k=16, b=128, width=1.0, windows=5, steps=4, warmup=3, loop_warmup=5, updates=50,
+            loop_batch=None, eval_images=None)
+TOY = Size(k=2, b=4, width=0.25, windows=2, steps=1, warmup=1, loop_warmup=1, updates=2,
+           loop_batch=2, eval_images=16)
 
 
 def _sync(device: torch.device) -> None:
@@ -101,8 +103,7 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
             with autocast(precision, device):
                 loss = loss_fn(model(x), y)
             loss.backward()
-            opt.step()
-            float(loss.detach())  # one host sync per step, as the engines' steps have
+            opt.step()  # no host read: the engines' steps below make none either
         return step
 
     def engine(cls, fmt, precision: str) -> Callable[[], None]:
@@ -112,7 +113,7 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
 
         def step() -> None:
             with autocast(precision, device):
-                e.step(batches, loss_fn)
+                e.step(batches, loss_fn, sync=False)  # as train() steps: no host read
         return step
 
     out = []
@@ -216,6 +217,10 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
             continue
         try:
             phases: dict[str, Any] = {}
+            if size.loop_warmup:  # untimed: the first updates of a new shape tune cuDNN
+                train(cfg, dataset=cache[cfg.dataset], progress=False,
+                      limit=RunLimit(updates=size.loop_warmup, batch=size.loop_batch,
+                                     eval_images=size.eval_images))
             limit = RunLimit(updates=size.updates, batch=size.loop_batch,
                              eval_images=size.eval_images)
             records = train(cfg, dataset=cache[cfg.dataset], progress=False, limit=limit,

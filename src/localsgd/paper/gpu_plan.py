@@ -5,7 +5,7 @@ THE THROUGHPUTS BELOW ARE ESTIMATES, NOT MEASUREMENTS: each entry says where its
 from. ``localsgd gpu-check`` measures the training loop on the GPU at hand and writes
 ``figures/gpu/loop.csv``; `measured_throughputs` turns its rows into entries with ``status
 "measured"``, which ``localsgd reproduce --plan --gpu NAME`` uses instead of any estimate.
-(figures/gpu/ so far holds an H200's engine sweep, not yet a loop.csv: see its README.)
+(figures/gpu/loop.csv holds an H200's ResNet-20 rows: ``--gpu "NVIDIA H200"`` uses them.)
 
 Cost model: one training image costs 1 / throughput seconds of one GPU, whichever engine runs it
 (K GPUs under torchrun each doing B_loc per update, or one GPU simulating the K workers with
@@ -61,10 +61,14 @@ def _paper_table5(model: str, hours_h8: float) -> float:
 
 
 _TITAN_XP, _V100, _A100 = "TITAN Xp", "V100-SXM2-16GB", "A100-SXM4-40GB"
+# names as torch.cuda.get_device_name gives them (gpu-check's loop.csv rows carry that name)
+_H100, _H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 # FP32 (non-tensor-core) peak TFLOPS from the vendors' spec sheets: TITAN Xp 12.1, V100-SXM2
-# 15.7, A100 19.5 (TF32 off, as the fp32 policy sets); the A100 rows scale by these ratios,
-# which is optimistic for the small CIFAR models (launch- and memory-bound at B_loc = 128).
-_FP32_TFLOPS = {_TITAN_XP: 12.1, _V100: 15.7, _A100: 19.5}
+# 15.7, A100 19.5, H100 SXM and H200 67 (TF32 off, as the fp32 policy sets); the other GPUs'
+# rows scale by these ratios, which is optimistic for the small CIFAR models (launch- and
+# memory-bound at B_loc = 128: the H200 measured ResNet-20 at well under 67 / 12.1 x the
+# TITAN Xp figure, figures/gpu/loop.csv).
+_FP32_TFLOPS = {_TITAN_XP: 12.1, _V100: 15.7, _A100: 19.5, _H100: 67.0, _H200: 67.0}
 
 _BASE = [
     Throughput(_TITAN_XP, "resnet20", _paper_table5("resnet20", 1.55), "ESTIMATE",

@@ -32,6 +32,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -108,21 +110,23 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x0), y0)
         loss.backward()
-        opt.step()
-        float(loss.detach())  # the engines return their losses as floats too
+        opt.step()  # no host read, like the engines' steps with sync=False below
+
+    def engine_step(name: str, inputs) -> Callable[[], Any]:
+        return lambda: engines[name].step(inputs, loss_fn, sync=False)
 
     # name -> (one step, steps per window, samples per step)
     runs = {
         "single": (single_step, k * args.steps, b),
-        "replica": (lambda: engines["replica"].step(batches, loss_fn), args.steps, k * b),
-        "batched": (lambda: engines["batched"].step(batches, loss_fn), args.steps, k * b),
+        "replica": (engine_step("replica", batches), args.steps, k * b),
+        "batched": (engine_step("batched", batches), args.steps, k * b),
     }
     if args.layouts:
-        runs["replica_channels_last"] = (
-            lambda: engines["replica_channels_last"].step(nhwc, loss_fn), args.steps, k * b)
+        runs["replica_channels_last"] = (engine_step("replica_channels_last", nhwc), args.steps,
+                                         k * b)
     if args.host_threads:
-        runs["replica_host_threads"] = (
-            lambda: engines["replica_host_threads"].step(nhwc, loss_fn), args.steps, k * b)
+        runs["replica_host_threads"] = (engine_step("replica_host_threads", nhwc), args.steps,
+                                        k * b)
     names = list(runs)
 
     def torch_threads(name: str) -> None:
