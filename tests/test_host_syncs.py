@@ -74,21 +74,22 @@ def event_clock(monkeypatch):
 
 
 CASES = {  # schedule kinds whose averaging paths differ
-    "local_sgd_sequential": dict(local_steps=2, batched=False),
-    "local_sgd_batched": dict(local_steps=2, batched=True),
-    "mini_batch_sgd": dict(local_steps=1, batched=True),
-    "hierarchical": dict(world_size=4, block_size=2, local_steps=2, block_steps=2,
-                         batched=False),
-    "sgp_gossip": dict(world_size=4, local_steps=1, gossip=True, batched=False),
-    "slowmo": dict(local_steps=2, slowmo_frequency=2, batched=False),
+    "local_sgd_sequential": {"local_steps": 2, "batched": False},
+    "local_sgd_batched": {"local_steps": 2, "batched": True},
+    "mini_batch_sgd": {"local_steps": 1, "batched": True},
+    "hierarchical": {"world_size": 4, "block_size": 2, "local_steps": 2, "block_steps": 2,
+                     "batched": False},
+    "sgp_gossip": {"world_size": 4, "local_steps": 1, "gossip": True, "batched": False},
+    "slowmo": {"local_steps": 2, "slowmo_frequency": 2, "batched": False},
 }
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_an_update_reads_nothing_back_and_a_record_reads_a_few_values(name, event_clock):
-    cfg = TrainConfig(**{**dict(dataset="synthetic", model="resnet20", width=0.25, n_train=64,
-                               n_test=16, local_batch=4, world_size=2, epochs=2,
-                               records_per_epoch=2, lr=0.05, eval_batch=8), **CASES[name]})
+    cfg = TrainConfig(**{"dataset": "synthetic", "model": "resnet20", "width": 0.25,
+                         "n_train": 64, "n_test": 16, "local_batch": 4, "world_size": 2,
+                         "epochs": 2, "records_per_epoch": 2, "lr": 0.05, "eval_batch": 8,
+                         **CASES[name]})
     per_epoch = 64 // (cfg.world_size * cfg.local_batch)
     records = {per_epoch // 2 * i for i in range(1, 5)}
     reads = HostReads()
