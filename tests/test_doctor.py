@@ -2,6 +2,7 @@
 when an engine is made to differ from the CPU float64 reference."""
 
 import importlib
+import inspect
 import json
 
 import pytest
@@ -72,3 +73,41 @@ def test_doctor_exits_nonzero_when_an_engine_skips_averaging(monkeypatch, capsys
     assert "[   FAIL] ReplicaEngine on cpu: replicas differ right after an average" in out
     assert "[     ok] BatchedReplicaEngine on cpu" in out
     assert "FAILED: 1 failed" in out
+
+
+def test_the_reference_is_written_by_hand_and_agrees_with_the_engine_in_float64(reference):
+    # the float64 ReplicaEngine run (the reference before issue 32) against the hand-written
+    # one: the same numbers up to float64 rounding, so the hand-written loop is the same
+    # algorithm, written independently
+    module = _engines()
+    engine = doctor._build(module.ReplicaEngine, torch.float64, "cpu")
+    for t, batch in enumerate(doctor._batches(6)):
+        losses, _ = engine.step(batch, torch.nn.functional.cross_entropy)
+        ref_losses, ref = reference["updates"][t]
+        assert losses == pytest.approx(ref_losses, rel=1e-10)
+        got = doctor._snapshot(engine)
+        assert got.keys() == ref.keys()
+        for key in got:
+            assert torch.allclose(got[key], ref[key], rtol=1e-9, atol=1e-12), (t, key)
+    code = inspect.getsource(doctor.reference_run).split('"""')[2]  # without the docstring
+    for name in ("ENGINE_MODULE", "_build", "Engine", "Schedule", "Topology", "OuterUpdate",
+                 "comm", "driver", "localsgd"):
+        assert name not in code, f"the hand-written reference uses {name}"
+
+
+def test_a_defect_both_engines_share_fails_the_check(monkeypatch):
+    # issue 32, item 5: a block average divided by K instead of the block size passed the old
+    # check, which compared each engine with the sequential engine in float64
+    module = _engines()
+    original = module._group_mean_
+
+    def divides_by_k(stack, group_size):
+        original(stack, group_size)
+        if group_size < stack.shape[0]:
+            stack.mul_(group_size / stack.shape[0])
+
+    monkeypatch.setattr(module, "_group_mean_", divides_by_k)
+    reference = doctor.reference_run(6)  # built with the defect in place, as `doctor` would
+    for engine in doctor.ENGINES:
+        check = doctor.engine_check(engine, "cpu", reference=reference)
+        assert check.status == "FAIL" and "parameters" in check.detail, check

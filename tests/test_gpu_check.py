@@ -48,3 +48,14 @@ def test_gpu_check_says_in_one_line_that_there_is_no_gpu(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: --device cuda: ") and err.count("\n") == 1, err
     assert not (tmp_path / "o").exists()  # nothing written
+
+
+def test_a_skipped_notebook_names_no_folder_of_the_machine():
+    # the H200's loop.csv named the GPU machine's folders in its skip reasons
+    from localsgd.paper.gpu_check import short_paths
+
+    text = ("ImageNet not found (looked for train/ and val/ in /work/main/.gpu/data/imagenet, "
+            "/tmp/lcache/imagenet). Lay it out as <root>/train/<wnid>/*.JPEG")
+    assert short_paths(text) == ("ImageNet not found (looked for train/ and val/ in "
+                                 ".../imagenet, .../imagenet). Lay it out as "
+                                 "<root>/train/<wnid>/*.JPEG")

@@ -177,6 +177,9 @@ def test_phase_clock_on_cuda_records_events_and_waits_once(monkeypatch):
         def record(self):
             pass
 
+        def query(self):  # the GPU is still busy: reading the times must wait
+            return False
+
         def synchronize(self):
             waits.append(self)
 

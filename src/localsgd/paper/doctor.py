@@ -12,7 +12,9 @@ numbers on it.
    small ResNet-20 (width 0.25, 16x16 inputs, K = 4 workers in blocks of 2, SGD with momentum
    and weight decay, BatchNorm buffers and momentum averaged, block average every 2 updates,
    global average + block-momentum outer step every 4) for a few updates in float32, compared
-   after every update with a CPU float64 run of the sequential engine: parameters, BatchNorm
+   after every update with the same training written out by hand in float64 on the CPU
+   (`reference_run`: plain torch models and optimizers, none of the package's engine,
+   schedule or outer-step code, so a defect they share cannot pass): parameters, BatchNorm
    buffers, losses, the outer step's momentum buffer, and that an averaging step leaves the
    averaged replicas bitwise equal.
 5. NCCL: a one-process NCCL process group on cuda:0 (all_reduce + broadcast) where CUDA and
@@ -26,6 +28,7 @@ branches (device listing, NCCL smoke test, engines on cuda:i) have not run.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import json
 import os
@@ -160,8 +163,14 @@ def _snapshot(engine) -> dict[str, torch.Tensor]:
             if t.is_floating_point():
                 out[f"{k}/{name}"] = t.detach().to("cpu", torch.float64, copy=True)
     buf = getattr(engine.driver.outer, "buf", None)
-    if buf is not None:
-        out["outer/momentum"] = buf.detach().to("cpu", torch.float64, copy=True)
+    if buf is not None:  # the engine's row has alignment gaps: the parameters' parts, in order
+        from localsgd.engines.replicas import aligned_offsets
+
+        sizes = [p.numel() for p in engine.averaged_model().parameters() if p.requires_grad]
+        offsets, _ = aligned_offsets(sizes)
+        out["outer/momentum"] = torch.cat([buf[o:o + n] for o, n in zip(offsets, sizes,
+                                                                      strict=True)]
+                                          ).detach().to("cpu", torch.float64, copy=True)
     return out
 
 
@@ -170,14 +179,64 @@ def _max_abs(a: torch.Tensor) -> float:
 
 
 def reference_run(updates: int = 6) -> dict[str, Any]:
-    """The CPU float64 sequential engine: ``init`` (snapshot before training) and ``updates``
-    ((losses, snapshot) after each update)."""
-    module = importlib.import_module(ENGINE_MODULE)
-    engine = _build(module.ReplicaEngine, torch.float64, "cpu")
-    ref = {"init": _snapshot(engine), "updates": []}
-    for batch in _batches(updates):
-        losses, _ = engine.step(batch, F.cross_entropy)
-        ref["updates"].append((losses, _snapshot(engine)))
+    """The check's configuration written out by hand in float64 on the CPU, using none of the
+    package's engines, schedule, communicator or outer step: K copies of one model, plain
+    ``torch.optim.SGD`` each, then every 2nd update the mean of each block of 2 workers and every
+    4th update the mean of all K (parameters, float buffers and SGD momentum alike), followed by
+    the block-momentum outer step on the parameters (Lin et al. 2020, App. D.1.2: with gamma the
+    inner lr, d = (anchor - mean) / gamma, u = 0.5 u + d, anchor -= gamma u, every worker =
+    anchor). A defect the engines share (say a block mean that divides by K) thus fails the
+    check. Returns ``init`` (snapshot before training) and ``updates`` ((losses, snapshot) after
+    each update), snapshots keyed like `_snapshot`'s."""
+    torch.manual_seed(SEED)
+    template = _model_fn(torch.float64)()
+    models = [copy.deepcopy(template) for _ in range(K)]
+    optimizers = [_optimizer_fn(m.parameters()) for m in models]
+    gamma = optimizers[0].param_groups[0]["lr"]
+    anchor = torch.cat([p.detach().reshape(-1) for p in models[0].parameters()]).clone()
+    momentum = torch.zeros_like(anchor)  # the outer step's u
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        out = {f"{k}/{name}": t.detach().clone() for k, m in enumerate(models)
+               for name, t in m.state_dict().items() if t.is_floating_point()}
+        out["outer/momentum"] = momentum.clone()
+        return out
+
+    def tensors(k: int) -> list[torch.Tensor]:  # what an average touches on worker k
+        m, opt = models[k], optimizers[k]
+        return ([p.data for p in m.parameters()]
+                + [b for b in m.buffers() if b.is_floating_point()]
+                + [opt.state[p]["momentum_buffer"] for p in m.parameters()])
+
+    ref = {"init": snapshot(), "updates": []}
+    for t, batch in enumerate(_batches(updates), start=1):
+        losses = []
+        for model, opt, (x, y) in zip(models, optimizers, batch, strict=True):
+            model.train()
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        groups = [range(K)] if t % 4 == 0 else [range(2), range(2, K)] if t % 2 == 0 else []
+        with torch.no_grad():
+            for members in groups:
+                for same in zip(*(tensors(k) for k in members), strict=True):
+                    mean = sum(same) / len(same)
+                    for tensor in same:
+                        tensor.copy_(mean)
+            if t % 4 == 0:
+                params = [p for p in models[0].parameters()]
+                avg = torch.cat([p.reshape(-1) for p in params])
+                d = (anchor - avg) / gamma
+                momentum.mul_(0.5).add_(d)
+                anchor.sub_(gamma * momentum)
+                for m in models:
+                    offset = 0
+                    for p in m.parameters():
+                        p.copy_(anchor[offset:offset + p.numel()].view_as(p))
+                        offset += p.numel()
+        ref["updates"].append((losses, snapshot()))
     return ref
 
 

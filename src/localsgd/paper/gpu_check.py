@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -187,6 +188,12 @@ def _dataset(name: str):
     return data.load_image_dataset(name)
 
 
+def short_paths(text: str) -> str:
+    """``text`` with every absolute path cut to its last part (``.../imagenet``): the committed
+    CSVs carry nothing of the machine's folders (provenance.json holds the machine)."""
+    return re.sub(r"(?<![\w.<>])/(?:[^\s,;:()'\"/]+/)*([^\s,;:()'\"/]+)", r".../\1", text)
+
+
 def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] | None,
          budget_s: float, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
@@ -211,7 +218,7 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
             if cfg.dataset not in cache:
                 cache[cfg.dataset] = _dataset(cfg.dataset)
         except (OSError, ValueError) as exc:  # not on this machine (or unreadable): skipped
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            first = short_paths((str(exc).strip().splitlines() or [""])[0])[:200]
             rows.append({**row, "status": f"skipped: {type(exc).__name__}: {first}"})
             say(f"  loop: {notebook}: {rows[-1]['status']}")
             continue
@@ -235,7 +242,7 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
                        **{f"{k}_s": round(float(phases.get(k, 0.0)), 3) for k in LOOP_PHASES})
             row["images_per_s"] = round(row["train_images"] / busy, 1) if busy > 0 else ""
         except Exception as exc:  # noqa: BLE001 -- reported as a failed row, the others go on
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            first = short_paths((str(exc).strip().splitlines() or [""])[0])[:200]
             row["status"] = f"FAIL: {type(exc).__name__}: {first}"
         rows.append(row)
         say(f"  loop: {notebook} ({cfg.model}, K={cfg.world_size}, B_loc={cfg.local_batch}): "
