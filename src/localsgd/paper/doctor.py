@@ -294,8 +294,9 @@ def engine_check(engine_name: str, device: str, *, updates: int = 6,
         worst = {k: err[k] / max(scale[k], 1e-12) for k in err}
         bad = {k: v for k, v in worst.items() if not v <= tolerance}
         detail = (", ".join(f"{k} {v:.1e}" for k, v in worst.items())
-                  + f" (max error vs CPU float64 / how far training moved it, tolerance "
-                  f"{tolerance:g}; {updates} updates, {' '.join(actions) or 'no averaging'})")
+                  + " (max error vs the hand-written CPU float64 run / how far training moved "
+                  f"it, tolerance {tolerance:g}; {updates} updates, "
+                  f"{' '.join(actions) or 'no averaging'})")
         if not averaged_equal:
             return Check(name, "FAIL", "replicas differ right after an average; " + detail)
         if not any("+outer" in a for a in actions):

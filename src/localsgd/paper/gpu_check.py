@@ -1,7 +1,7 @@
 """``localsgd gpu-check``: the first command to run on a GPU, turning the plan's estimates into
 measurements in one go (a few minutes on one H200; it stops each part at its time budget).
 
-1. ``doctor``: both replica engines on the device against the CPU float64 reference, and a
+1. ``doctor``: both replica engines on the device against a hand-written CPU float64 run, and a
    one-process NCCL group (`localsgd.paper.doctor`) -> ``doctor.json``.
 2. A throughput sweep of the CIFAR ResNet-20 (random inputs, so no data is needed): one model at
    batch B and at K * B, `ReplicaEngine` and `BatchedReplicaEngine` with K replicas of batch B and
