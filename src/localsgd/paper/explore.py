@@ -1,4 +1,4 @@
-"""The straggler explorer (issue 11, item 7; notebook ``explore_stragglers``): predicted speed-ups
+"""The straggler explorer (notebook ``explore_stragglers``): predicted speed-ups
 of local and hierarchical SGD over synchronous SGD for one cluster, redrawn from
 `localsgd.timing.simulate` whenever a slider moves.
 
