@@ -6,8 +6,9 @@ import torch
 from torch import nn
 
 from localsgd import data
+from localsgd.batch_sources import combine_eval, eval_batches, evaluate
 from localsgd.distributed import spawn
-from localsgd.train import TrainConfig, build_engine, combine_eval, eval_batches, evaluate, train
+from localsgd.train import TrainConfig, build_engine, train
 
 
 def test_shards_add_up_bitwise_to_the_whole_test_set():

@@ -123,14 +123,14 @@ def test_paper_loader_batches_fit_host_memory():
     """One real loader batch of Figure 8's paper configuration, on the CIFAR stand-in at 224 px
     (no ImageNet here; the loader cannot tell: same transforms, same sizes): its host bytes are
     measured, and the in-flight total (workers x prefetch x batch) is bounded."""
-    from localsgd.train import _StreamedBatches
+    from localsgd.batch_sources import StreamedBatches
 
     try:
         f = data.standin_folders("cifar10", 256, 64, image_size=224)
     except FileNotFoundError:
         pytest.skip("CIFAR-10 not available locally (set LOCALSGD_DATA); CI provides it")
     cfg = dataclasses.replace(PAPER, loader_workers=2)  # two cores here; the bound uses 8
-    source = _StreamedBatches(f, cfg, torch.device("cpu"))
+    source = StreamedBatches(f, cfg, torch.device("cpu"))
     k, b = PAPER.world_size, PAPER.local_batch
     parts = torch.randint(0, 256, (k, b), generator=torch.Generator().manual_seed(0))
     # the replica engine's view (all 30 workers in one process): 30 loader batches of B_loc
@@ -153,7 +153,7 @@ def test_paper_loader_batches_fit_host_memory():
     # evaluation: 1,000 images at 224 px would be 600 MB of float32 input; capped at 445
     assert source.eval_batch_size() == 445
     assert source.eval_batch_size() * 3 * 224 * 224 * 4 <= source.EVAL_BATCH_BYTES
-    small = _StreamedBatches(f, dataclasses.replace(cfg, image_size=32), torch.device("cpu"))
+    small = StreamedBatches(f, dataclasses.replace(cfg, image_size=32), torch.device("cpu"))
     assert small.eval_batch_size() == 1000  # no cap at CIFAR's size
 
 

@@ -72,7 +72,7 @@ def test_synthetic_learns_and_counts_syncs(synth):
 def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported(
         synth, monkeypatch):
     # what a dry run of a paper configuration asks of the loop (localsgd.paper.dry_run.limit)
-    import localsgd.train as loop
+    import localsgd.batch_sources as loop
 
     sizes, phases, evaluated = [], [], []
     eval_batches = loop.eval_batches

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from localsgd import data
-from localsgd.train import TrainConfig, _MemoryBatches, build_engine
+from localsgd.batch_sources import MemoryBatches
+from localsgd.train import TrainConfig, build_engine
 
 BASE = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=4,
                    local_batch=4, local_steps=2, epochs=1.0, lr=0.1, momentum=0.9,
@@ -59,8 +60,8 @@ def test_each_worker_reads_its_own_disjoint_part_of_the_epoch():
     k, b, n = 4, 3, 50
     ds = data.synthetic_image_dataset(n, 8, num_classes=n, image_size=8, seed=0)
     ds = dataclasses.replace(ds, train_y=torch.arange(n))  # a label is the sample's index
-    source = _MemoryBatches(ds, dataclasses.replace(BASE, world_size=k, local_batch=b,
-                                                    augment=False), torch.device("cpu"))
+    source = MemoryBatches(ds, dataclasses.replace(BASE, world_size=k, local_batch=b,
+                                                   augment=False), torch.device("cpu"))
     gens = [torch.Generator().manual_seed(r) for r in range(k)]
     for epoch in (0, 1):
         parts = data.partition(n, k, epoch, seed=0)
