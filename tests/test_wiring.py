@@ -104,3 +104,70 @@ def test_block_and_global_averages_by_value():
             want = stepped.mean(0, keepdim=True).expand(4, -1)
         assert before.shape == got.shape
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def _hand_written(cfg: TrainConfig, inner_m: float, outer: tuple[float, float] | None,
+                  outer_every: int | None, batches: list) -> list[nn.Module]:
+    """The scheme written out with plain torch (none of the package's engine, schedule or outer
+    code): K copies of one model, SGD with the inner momentum (BatchNorm without weight decay),
+    a global average every H updates, then the outer step of App. D.1.2 on the average every
+    ``outer_every`` updates: d = (anchor - mean) / gamma, u = beta u + d,
+    anchor -= alpha gamma u, every worker = anchor."""
+    from localsgd.models import build_model
+
+    torch.manual_seed(cfg.seed)
+    template = build_model(cfg.model, num_classes=10, width=cfg.width).to(torch.float64)
+    models = [copy.deepcopy(template) for _ in range(cfg.world_size)]
+    opts = []
+    for m in models:
+        bn = _bn_param_ids(m)
+        opts.append(torch.optim.SGD(
+            [{"params": [p for p in m.parameters() if id(p) not in bn],
+              "weight_decay": cfg.weight_decay},
+             {"params": [p for p in m.parameters() if id(p) in bn], "weight_decay": 0.0}],
+            lr=cfg.lr, momentum=inner_m, nesterov=cfg.nesterov))
+    gamma = cfg.lr
+    anchor = [p.detach().clone() for p in models[0].parameters()]
+    u = [torch.zeros_like(p) for p in anchor]
+    for t, batch in enumerate(batches, start=1):
+        for m, opt, (x, y) in zip(models, opts, batch, strict=True):
+            m.train()
+            opt.zero_grad()
+            nn.functional.cross_entropy(m(x), y).backward()
+            opt.step()
+        if t % cfg.local_steps:
+            continue
+        with torch.no_grad():
+            for same in zip(*(m.parameters() for m in models), strict=True):
+                mean = torch.stack([p for p in same]).mean(0)
+                for p in same:
+                    p.copy_(mean)
+            if outer is not None and t % outer_every == 0:
+                beta, alpha = outer
+                for j, p0 in enumerate(models[0].parameters()):
+                    d = (anchor[j] - p0) / gamma
+                    u[j].mul_(beta).add_(d)
+                    anchor[j].sub_(alpha * gamma * u[j])
+                for m in models:
+                    for j, p in enumerate(m.parameters()):
+                        p.copy_(anchor[j])
+    return models
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_four_updates_equal_a_hand_written_loop(name):
+    # issue 31, item 1: each momentum scheme through build_engine against plain torch, by value
+    fields, inner_m, outer = SCHEMES[name]
+    cfg = dataclasses.replace(BASE, **fields, dtype="float64", decay_fractions=(), width=0.25)
+    outer_every = cfg.slowmo_frequency or cfg.local_steps  # global/hybrid: at every average
+    engine = build_engine(cfg, n_train=64, num_classes=10)
+    g = torch.Generator().manual_seed(1)
+    batches = [[(torch.randn(4, 3, 16, 16, generator=g, dtype=torch.float64),
+                 torch.randint(0, 10, (4,), generator=g)) for _ in range(cfg.world_size)]
+               for _ in range(4)]
+    for batch in batches:
+        engine.step(batch, nn.functional.cross_entropy)
+    want = _hand_written(cfg, inner_m, outer, outer_every, batches)
+    for got_model, want_model in zip(engine.models, want, strict=True):
+        for (n, p), q in zip(got_model.named_parameters(), want_model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=1e-9, atol=1e-12, msg=f"{name}: {n}")
