@@ -85,7 +85,7 @@ def test_the_committed_h200_loop_prices_resnet20_and_every_other_model_has_an_es
     # with a measurement needs estimates for the models it did not measure
     loop = repo_root() / "figures" / "gpu" / "loop.csv"
     measured = g.measured_throughputs(loop)
-    assert set(measured) == {("NVIDIA H200", "resnet20")}
+    assert ("NVIDIA H200", "resnet20") in measured
     table = {**g.THROUGHPUT, **measured}
     plan = g.plan(g.paper_items(repo_root() / "notebooks", None, "paper"), "NVIDIA H200", table)
     status = {t.model: t.status for t in plan.throughputs}

@@ -8,7 +8,10 @@ change (`figures/gpu/syncs.jsonl`): 1 + 1/H reads per update (the losses; SGP's 
 check at every average), and one event wait per update that the debug mode does not count.
 
 Every read is counted here with a `TorchFunctionMode` (the tensor methods that copy to the host)
-and a fake ``torch.cuda.Event`` (its ``synchronize``), and split by update with ``on_step``.
+and a fake ``torch.cuda.Event`` (its ``synchronize``), and split by update with ``on_step``. The
+mode is thread-local, so the runs use one host thread. A fake event is done once a host read or
+wait came after it was recorded (as on a GPU, where a read waits for all the work queued before
+it): reading an update's times right away would count a wait.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from localsgd.train import TrainConfig, train
 HOST_READS = {"tolist", "item", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy"}
 
 
+DRAINED = [0]  # host reads and waits so far: each one finishes the work queued before it
+
+
 class HostReads(TorchFunctionMode):
     """Counts the tensor methods that copy a value to the host (a sync on CUDA)."""
 
@@ -35,25 +41,28 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__name__", "") in HOST_READS:
             self.count += 1
+            DRAINED[0] += 1
         return func(*args, **(kwargs or {}))
 
 
 class FakeEvent:
-    """``torch.cuda.Event`` on a CPU: records the host clock, counts host waits."""
+    """``torch.cuda.Event`` on a CPU: records the host clock, counts host waits; done once a
+    host read or wait has come after it."""
 
     waits = 0
 
     def __init__(self, enable_timing=False):
-        self.t = None
+        self.t, self.at = None, None
 
     def record(self, stream=None):
-        self.t = time.perf_counter()
+        self.t, self.at = time.perf_counter(), DRAINED[0]
 
-    def query(self):  # a CPU's work is done when the call returns
-        return True
+    def query(self):
+        return DRAINED[0] > self.at
 
     def synchronize(self):
         FakeEvent.waits += 1
+        DRAINED[0] += 1
 
     def elapsed_time(self, end):
         return (end.t - self.t) * 1e3
@@ -89,7 +98,7 @@ def test_an_update_reads_nothing_back_and_a_record_reads_a_few_values(name, even
     cfg = TrainConfig(**{"dataset": "synthetic", "model": "resnet20", "width": 0.25,
                          "n_train": 64, "n_test": 16, "local_batch": 4, "world_size": 2,
                          "epochs": 2, "records_per_epoch": 2, "lr": 0.05, "eval_batch": 8,
-                         **CASES[name]})
+                         "host_threads": 1, **CASES[name]})
     per_epoch = 64 // (cfg.world_size * cfg.local_batch)
     records = {per_epoch // 2 * i for i in range(1, 5)}
     reads = HostReads()

@@ -69,6 +69,17 @@ def test_synthetic_learns_and_counts_syncs(synth):
     assert rec.lr_last.tolist() == pytest.approx([0.2, 0.02, 0.002])
 
 
+def test_with_host_threads_the_profile_counts_the_overlapping_spans_once(synth):
+    # the K replicas' spans overlap on two host threads: compute is their wall time, so no
+    # phase goes negative (it did when the loop stopped reading the step's stats per update)
+    phases = []
+    cfg = dataclasses.replace(TINY, host_threads=2)
+    train(cfg, dataset=synth, progress=False, limit=RunLimit(updates=6, eval_images=16),
+          on_phases=phases.append)
+    (info,) = phases
+    assert all(info[p] >= 0 for p in LOOP_PHASES), info
+
+
 def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported(
         synth, monkeypatch):
     # what a dry run of a paper configuration asks of the loop (localsgd.paper.dry_run.limit)

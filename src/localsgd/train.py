@@ -541,7 +541,8 @@ def train(
         progress: show a tqdm progress bar (only rank 0 of a multi-process run shows one).
         on_step: called with t after every update (tests use it to interrupt a run).
         engine: builds the engine, ``engine(cfg, n_train, num_classes)`` (default
-            `build_engine`: the replica engine). An engine running one worker per process (the
+            `build_engine`: the replica engine); its ``step`` is called with ``sync=False``
+            (`localsgd.engines.Engine.step`). An engine running one worker per process (the
             torchrun runner) gets per-rank checkpoint files (`RankCheckpoints`).
         checkpoint_every_steps: also checkpoint every this many updates (0: never).
         limit: cut the run short (`RunLimit`; None: train ``cfg`` whole).
@@ -656,19 +657,26 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
         rows = [torch.cat([lo.double(), (c if c is not None else torch.zeros_like(lo)).double()])
                 for lo, c, *_ in unread]
         values = torch.stack(rows).tolist()
+        # new totals first, assigned together: a second Ctrl-C in here cannot count twice
+        loss_sum, correct, seen = tot.loss_sum, tot.correct, tot.seen
+        step_seconds = [list(times) for times in tot.step_seconds]
+        compute, engine_s = phases["compute"], phases["engine"]
         for row, (_, _, seconds, step_s, busy) in zip(values, unread, strict=True):
             n = len(row) // 2
-            tot.loss_sum += sum(row[:n]) * b
-            tot.correct += int(sum(row[n:]))
-            tot.seen += len(ranks) * b
+            loss_sum += sum(row[:n]) * b
+            correct += int(sum(row[n:]))
+            seen += len(ranks) * b
             per_worker = seconds.get()
-            for times, sec in zip(tot.step_seconds, per_worker, strict=True):
+            for times, sec in zip(step_seconds, per_worker, strict=True):
                 times.append(sec)
             busy = busy if busy is not None else sum(per_worker)
-            phases["compute"] += busy
-            phases["engine"] += step_s - busy  # the host's time beyond the device's work
-        phases["engine"] += time.perf_counter() - t_wait  # the wait for the device
+            compute += busy
+            engine_s += step_s - busy  # the host's time beyond the device's work
         unread.clear()
+        tot.loss_sum, tot.correct, tot.seen, tot.step_seconds = loss_sum, correct, seen, \
+            step_seconds
+        phases["compute"] = compute
+        phases["engine"] = engine_s + time.perf_counter() - t_wait  # + the wait for the device
 
     def snapshot() -> dict:
         settle()
@@ -781,6 +789,8 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
         finally:
             bar.close()
             if on_phases is not None:
+                with contextlib.suppress(Exception):  # the loop's own error is the one to see
+                    settle()  # updates since the last record, when the loop ended early
                 phases["loop"] = (time.perf_counter() - t_loop
                                   - sum(phases[p] for p in ("data", "compute", "engine",
                                                             "evaluate")))

@@ -547,8 +547,8 @@ class ReplicaEngine(_Engine):
                 stats["correct"] = [None] * k
         if timed and sync:
             stats["compute_seconds"] = clock.seconds(spans)
-            if self.threads > 1:  # the K spans overlap: the profile needs their wall time
-                stats["compute_wall_seconds"] = wall
+        if timed and self.threads > 1:  # the K spans overlap: the profile needs their wall time
+            stats["compute_wall_seconds"] = wall
         return losses_out, action
 
     def averaged_model(self) -> nn.Module:

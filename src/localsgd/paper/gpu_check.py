@@ -227,7 +227,7 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
             if size.loop_warmup:  # untimed: the first updates of a new shape tune cuDNN
                 train(cfg, dataset=cache[cfg.dataset], progress=False,
                       limit=RunLimit(updates=size.loop_warmup, batch=size.loop_batch,
-                                     eval_images=size.eval_images))
+                                     eval_images=size.eval_images or 1000))
             limit = RunLimit(updates=size.updates, batch=size.loop_batch,
                              eval_images=size.eval_images)
             records = train(cfg, dataset=cache[cfg.dataset], progress=False, limit=limit,
