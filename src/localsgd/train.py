@@ -483,6 +483,51 @@ class _Totals:
     seen: int = 0
 
 
+class _Unread:
+    """Updates whose losses, hit counts and event timings are still on the device: read
+    together once per record (`settle`), so an update makes no host synchronisation on CUDA."""
+
+    def __init__(self):
+        self.rows: list[tuple[torch.Tensor, torch.Tensor | None, Any, float, float | None]] = []
+
+    def add(self, losses: torch.Tensor, stats: dict, step_s: float) -> None:
+        """One update: `Engine.step(..., sync=False)`'s losses and stats, its host seconds."""
+        # with host threads the workers' spans overlap: the profile counts their wall time
+        self.rows.append((losses, stats["correct"], stats["compute_seconds"], step_s,
+                          stats.get("compute_wall_seconds")))
+
+    def settle(self, tot: _Totals, phases: dict[str, float], images: int, workers: int) -> None:
+        """Add the unread updates to ``tot`` and ``phases``: one host read for all their losses
+        and hits (Python sums in update order, as a per-update read would give), then their
+        timings; ``images`` per worker and update, ``workers`` in this process."""
+        if not self.rows:
+            return
+        t_wait = time.perf_counter()
+        rows = [torch.cat([lo.double(), (c if c is not None else torch.zeros_like(lo)).double()])
+                for lo, c, *_ in self.rows]
+        values = torch.stack(rows).tolist()
+        # new totals first, assigned together: a second Ctrl-C in here cannot count twice
+        loss_sum, correct, seen = tot.loss_sum, tot.correct, tot.seen
+        step_seconds = [list(times) for times in tot.step_seconds]
+        compute, engine = phases["compute"], phases["engine"]
+        for row, (_, _, seconds, step_s, busy) in zip(values, self.rows, strict=True):
+            n = len(row) // 2
+            loss_sum += sum(row[:n]) * images
+            correct += int(sum(row[n:]))
+            seen += workers * images
+            per_worker = seconds.get()
+            for times, sec in zip(step_seconds, per_worker, strict=True):
+                times.append(sec)
+            busy = busy if busy is not None else sum(per_worker)
+            compute += busy
+            engine += step_s - busy  # the host's time beyond the device's work
+        self.rows.clear()
+        tot.loss_sum, tot.correct, tot.seen, tot.step_seconds = loss_sum, correct, seen, \
+            step_seconds
+        phases["compute"] = compute
+        phases["engine"] = engine + time.perf_counter() - t_wait  # + the wait for the device
+
+
 @contextlib.contextmanager
 def _deferred_interrupt():
     """Turn the first Ctrl-C into a flag checked between updates, so a checkpoint never holds a
@@ -580,6 +625,42 @@ def train(
         torch.set_num_threads(saved_threads)
 
 
+def _fit_on_gpu(cfg: TrainConfig, source: MemoryBatches | StreamedBatches,
+                device: torch.device, asked: TrainConfig | None) -> TrainConfig:
+    """``cfg`` if its K replicas fit the GPU's free memory, the sequential engine's ``cfg`` if
+    'auto' chose the batched one and only that does not fit; else `check_replica_memory`'s
+    error."""
+    shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, StreamedBatches)
+             else tuple(source.train_x.shape[1:]))
+    free = torch.cuda.mem_get_info(device)[0]
+    try:
+        check_replica_memory(cfg, source.num_classes, shape, free)
+    except ValueError:
+        if not (asked is not None and asked.batched == "auto" and cfg.batched):
+            raise
+        # 'auto' chose the batched engine, whose K replicas' activations do not fit at once
+        cfg = dataclasses.replace(cfg, batched=False)
+        print(f"batched replicas of {cfg.model} do not fit: running them one after another")
+        check_replica_memory(cfg, source.num_classes, shape, free)
+    return cfg
+
+
+def _resume(state: dict, engine: Engine, cfg: TrainConfig, asked: TrainConfig | None,
+            checkpoint_path: Any) -> tuple[list[dict], _Totals]:
+    """Load a checkpoint's ``state`` into ``engine``; its records and totals. Fails in one line
+    when 'auto' would now choose the other replica engine than the one that wrote it."""
+    ran = state.get("ran", {})  # what 'auto' chose when the checkpoint was written
+    if ran.get("batched", cfg.batched) != cfg.batched:
+        written = "batched" if ran["batched"] else "sequential"
+        raise ValueError(
+            f"checkpoint {checkpoint_path} was written by the {written} replica engine, "
+            f"this run would use the {'batched' if cfg.batched else 'sequential'} one "
+            f"(batched: {asked.batched if asked else cfg.batched!r}); resume with "
+            f"batched={ran['batched']}")
+    engine.load_state_dict(state["engine"])
+    return list(state["records"]), _Totals(**state["totals"])
+
+
 def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkpoint_path,
            checkpoint_every, resume, progress, on_step, engine, checkpoint_every_steps, limit,
            on_phases, asked: TrainConfig | None = None) -> pd.DataFrame:
@@ -597,18 +678,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
         total = min(total, limit.updates)
         source.eval_limit = limit.eval_images
     if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
-        shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, StreamedBatches)
-                 else tuple(source.train_x.shape[1:]))
-        free = torch.cuda.mem_get_info(device)[0]
-        try:
-            check_replica_memory(cfg, source.num_classes, shape, free)
-        except ValueError:
-            if not (asked is not None and asked.batched == "auto" and cfg.batched):
-                raise
-            # 'auto' chose the batched engine, whose K replicas' activations do not fit at once
-            cfg = dataclasses.replace(cfg, batched=False)
-            print(f"batched replicas of {cfg.model} do not fit: running them one after another")
-            check_replica_memory(cfg, source.num_classes, shape, free)
+        cfg = _fit_on_gpu(cfg, source, device, asked)
     engine = (engine(cfg, n_train, source.num_classes) if engine is not None
               else build_engine(cfg, n_train, source.num_classes, threads=max(1, threads)))
     topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
@@ -629,54 +699,15 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     elif checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
         state = load_checkpoint(checkpoint_path, asked or cfg)
     if state is not None:
-        ran = state.get("ran", {})  # what 'auto' chose when the checkpoint was written
-        if ran.get("batched", cfg.batched) != cfg.batched:
-            written = "batched" if ran["batched"] else "sequential"
-            raise ValueError(
-                f"checkpoint {checkpoint_path} was written by the {written} replica engine, "
-                f"this run would use the {'batched' if cfg.batched else 'sequential'} one "
-                f"(batched: {asked.batched if asked else cfg.batched!r}); resume with "
-                f"batched={ran['batched']}")
-        engine.load_state_dict(state["engine"])
-        records = list(state["records"])
-        tot = _Totals(**state["totals"])
+        records, tot = _resume(state, engine, cfg, asked, checkpoint_path)
         if ranks[0] == 0:  # a resumed run says so, once: it never silently restarts
             print(f"resumed from update {engine.t} of {total} (checkpoint in "
                   f"{Path(checkpoint_path).parent})", flush=True)
 
-    # updates whose losses, hit counts and event timings are still on the device: read
-    # together once per record, so an update makes no host synchronisation (on CUDA)
-    unread: list[tuple[torch.Tensor, torch.Tensor | None, Any, float, float | None]] = []
+    unread = _Unread()
 
     def settle() -> None:
-        """Add the unread updates to the totals: one host read for all their losses and hits
-        (Python sums in update order, as a per-update read would give), then their timings."""
-        if not unread:
-            return
-        t_wait = time.perf_counter()
-        rows = [torch.cat([lo.double(), (c if c is not None else torch.zeros_like(lo)).double()])
-                for lo, c, *_ in unread]
-        values = torch.stack(rows).tolist()
-        # new totals first, assigned together: a second Ctrl-C in here cannot count twice
-        loss_sum, correct, seen = tot.loss_sum, tot.correct, tot.seen
-        step_seconds = [list(times) for times in tot.step_seconds]
-        compute, engine_s = phases["compute"], phases["engine"]
-        for row, (_, _, seconds, step_s, busy) in zip(values, unread, strict=True):
-            n = len(row) // 2
-            loss_sum += sum(row[:n]) * b
-            correct += int(sum(row[n:]))
-            seen += len(ranks) * b
-            per_worker = seconds.get()
-            for times, sec in zip(step_seconds, per_worker, strict=True):
-                times.append(sec)
-            busy = busy if busy is not None else sum(per_worker)
-            compute += busy
-            engine_s += step_s - busy  # the host's time beyond the device's work
-        unread.clear()
-        tot.loss_sum, tot.correct, tot.seen, tot.step_seconds = loss_sum, correct, seen, \
-            step_seconds
-        phases["compute"] = compute
-        phases["engine"] = engine_s + time.perf_counter() - t_wait  # + the wait for the device
+        unread.settle(tot, phases, images=b, workers=len(ranks))
 
     def snapshot() -> dict:
         settle()
@@ -753,9 +784,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
                 with numerics.autocast(precision, device):
                     losses, action = engine.step(batches, nn.functional.cross_entropy,
                                                  stats=stats, sync=False)
-                # host threads overlap the workers' spans: the profile counts their wall time
-                unread.append((losses, stats["correct"], stats["compute_seconds"],
-                               time.perf_counter() - t1, stats.get("compute_wall_seconds")))
+                unread.add(losses, stats, time.perf_counter() - t1)
                 if action.level is not None:
                     tot.sync[action.level] += 1
                 if action.allreduce_grads_level is not None:
