@@ -92,6 +92,11 @@ def test_statuses_settings_and_needs(folders):
 def test_summary_counts_results_and_settings_apart(folders):
     counts = dict(report.summary(report.joined(*folders)).values.tolist())
     assert counts[report.STATUS_FULL] == 1 and counts[report.STATUS_DIFFERS] == 1
+    # Table 3's sync count is arithmetic; Table 4's parameters too: no experiment reproduced
+    assert counts["· counts reproduced (parameters, FLOPs, sync counts)"] == 1
+    assert counts["· experiments reproduced"] == 0
+    assert counts["· counts that differ (parameters, FLOPs, sync counts)"] == 1
+    assert counts["· experiments that differ"] == 0
     assert counts[report.STATUS_MODEL] == 2  # Table 2, and the min/max pair counted once
     assert counts[report.STATUS_REDUCED] == 2  # Table 1 at 1024, Figure 9
     assert counts["not yet: needs CIFAR-100"] == 1 and counts["not yet: needs GPUs"] == 1

@@ -47,6 +47,11 @@ RESULT_METRIC = re.compile(
     r"time-to-accuracy|latency|^parameters$|flops|syncs|^best |scaling advantage|scaling ratio|"
     r"^f\*$|overcomes|threshold|bounds|^extra |models passing|new issues", re.IGNORECASE)
 SETTING_METRIC = re.compile(r"^target ", re.IGNORECASE)  # e.g. a time-to-accuracy target
+# results that are arithmetic on the model or the schedule (parameter and FLOP counts, their
+# ratio, synchronisation counts): a correct implementation gets them exactly, so a match is a
+# check of the code, not of the source's experiments
+COUNT_METRIC = re.compile(r"^parameters$|flops|multiply-adds|^syncs |scaling ratio",
+                          re.IGNORECASE)
 
 # what a result not yet compared needs, in order of precedence, and how it is recognised in
 # the row's artifact, setting, metric or note (all matched case-insensitively)
@@ -327,6 +332,12 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
                              (NEED_GRID, NEED_NOTEBOOK) else f"not yet: {need}", "rows": n})
         elif len(part) or status not in (STATUS_SMOKE, STATUS_QUALITATIVE):
             rows.append({"status": status, "rows": len(part)})
+            if status in (STATUS_FULL, STATUS_DIFFERS):  # counts and experiments apart
+                counts = int(part["metric"].astype(str).str.contains(COUNT_METRIC).sum())
+                how = "reproduced" if status == STATUS_FULL else "that differ"
+                rows.append({"status": f"· counts {how} (parameters, FLOPs, sync counts)",
+                             "rows": counts})
+                rows.append({"status": f"· experiments {how}", "rows": len(part) - counts})
     rows.append({"status": "**results**", "rows": len(results)})
     settings = table[table["setting row"]]
     compared = int((settings["status"] != STATUS_NONE).sum())
@@ -512,6 +523,10 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         f"{DEFAULT_REL_TOL:.0%} (or the row's own tolerance)."),
         (f"- **{STATUS_DIFFERS}**: same configuration, different number; a result, discussed in "
         "`papers/<source>/notes.md`."),
+        ("- **counts** and **experiments** split both: a count is arithmetic on the model or the "
+         "schedule (parameters, FLOPs and their ratio, synchronisations per period) that correct "
+         "code gets exactly, so it checks our code, not the source's experiments; an experiment "
+         "is a measured result (a time, an accuracy, a best H)."),
         (f"- **{STATUS_REDUCED}**: the same experiment at reduced scale (fewer seeds, steps, "
         "images or a narrower model); a sanity check, not a reproduction. No ratio to the "
         "source is shown: a reduced-scale accuracy is not comparable with a full-scale one."),
