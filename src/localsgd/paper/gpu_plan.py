@@ -65,9 +65,9 @@ _TITAN_XP, _V100, _A100 = "TITAN Xp", "V100-SXM2-16GB", "A100-SXM4-40GB"
 _H100, _H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
 # FP32 (non-tensor-core) peak TFLOPS from the vendors' spec sheets: TITAN Xp 12.1, V100-SXM2
 # 15.7, A100 19.5, H100 SXM and H200 67 (TF32 off, as the fp32 policy sets); the other GPUs'
-# rows scale by these ratios, which is optimistic for the small CIFAR models (launch- and
-# memory-bound at B_loc = 128: the H200 measured ResNet-20 at well under 67 / 12.1 x the
-# TITAN Xp figure, figures/gpu/loop.csv).
+# rows scale by these ratios: a rough guess for the small CIFAR models, launch- and
+# memory-bound at B_loc = 128 (the H200's scaled ResNet-20 estimate, 7.4 k images/s, is about
+# half what gpu-check measured there in TF32 with the batched engine: figures/gpu/loop.csv).
 _FP32_TFLOPS = {_TITAN_XP: 12.1, _V100: 15.7, _A100: 19.5, _H100: 67.0, _H200: 67.0}
 
 _BASE = [
