@@ -1,0 +1,254 @@
+"""`TrainConfig`: one training run's configuration (§4.2.1's recipe by default), validated
+when built, and its round trip through plain dicts (YAML configs, checkpoints, cache keys)."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+from localsgd import data as data_mod
+from localsgd import numerics
+from localsgd.outer import OuterUpdate
+from localsgd.schedule import Topology
+
+__all__ = ["MOMENTUM_SCHEMES", "TrainConfig"]
+
+MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. Defaults are §4.2.1's ResNet-20 / CIFAR-10 recipe on 2×1 GPUs."""
+
+    # -- data and model
+    dataset: str = "cifar10"
+    """'cifar10', 'cifar100', 'synthetic' (only when asked for by name) -- held in memory --, or
+    streamed from image folders through ImageNet's input pipeline: 'imagenet' (§4.2.2) or
+    'cifar10_folder' (CIFAR-10 written as PNG folders: ImageNet's code path at CPU size)."""
+    model: str = "resnet20"
+    """A `localsgd.models.build_model` name: resnet20, densenet40_12, wrn28_10, resnet50 (or
+    mlp, `localsgd.models.timing_mlp`, for emulated-compute timing runs)."""
+    width: float = 1.0
+    """Channel-width multiplier (1.0 = the paper's model; < 1 for reduced-scale runs)."""
+    n_train: int | None = None
+    """Class-balanced subset of the training set (None: all 50,000 images)."""
+    n_test: int | None = None
+    """Class-balanced subset of the test set used for evaluation (None: all 10,000)."""
+    augment: bool = True
+    """4-pixel padded random crop + horizontal flip (§4.1, He et al. 2016); streamed data sets
+    always use ImageNet's random-resized crop + flip."""
+    image_size: int = 224
+    """Streamed data sets: crop size of the input pipeline (224 on ImageNet)."""
+    loader_workers: int = 2
+    """Streamed data sets: DataLoader worker processes decoding images (speed only: the crops
+    are seeded per image, `localsgd.data.SeededItems`)."""
+
+    # -- topology and schedule (Algorithms 1 and 2)
+    world_size: int = 2
+    """K, the number of workers."""
+    local_batch: int = 128
+    """B_loc, each worker's mini-batch."""
+    local_steps: int = 1
+    """H, local updates between averages (H = 1 is mini-batch SGD)."""
+    block_size: int | None = None
+    """K', workers per block (a node) for hierarchical local SGD; None: flat local SGD."""
+    block_steps: int = 1
+    """H^b, block averages between global averages (Eq. 5)."""
+    post_local_warmup_epochs: float = 0.0
+    """Post-local SGD: mini-batch SGD (global gradient all-reduce) for these first epochs."""
+    local_step_warmup_epochs: int = 0
+    """Exponential local-step warm-up (§4.2.2, footnote 4): H = 1, 2, 4, ... over these epochs."""
+    block_gradient_allreduce: bool = False
+    """After warm-up, blocks all-reduce gradients every update (the PyTorch hierarchical-SGD
+    blog's intra-host gradient all-reduce); models are then averaged by the world only, every
+    H·H^b updates. Needs a hierarchy (block_size < world_size, block_steps > 1)."""
+
+    # -- optimisation (§4.2.1, App. C, App. D)
+    epochs: float = 300.0
+    """Training length in one worker's epochs: stop after epochs · N / (K · B_loc) updates."""
+    lr: float = 0.1
+    """Base learning rate gamma."""
+    scale_lr: bool = False
+    """App. C linear scaling: peak lr = lr · K · B_loc / base_batch."""
+    base_batch: int = 128
+    """The batch size `lr` is meant for (128 on CIFAR, 64 in Tables 6-7)."""
+    warmup_epochs: float = 0.0
+    """App. C gradual warm-up from lr to the peak lr over these epochs (5 in the paper)."""
+    decay_fractions: tuple[float, ...] = (0.5, 0.75)
+    """Divide the lr by 10 when these fractions of the samples are seen."""
+    momentum: float = 0.9
+    """Momentum factor m (no dampening), used as `momentum_scheme` says."""
+    momentum_scheme: str = "local"
+    """App. D: 'local' (each worker's SGD), 'global' (block momentum on the averaged model),
+    'hybrid' (both), 'none'."""
+    global_momentum: float | None = None
+    """Momentum of the outer (global/block) step for 'global' and 'hybrid' (App. D.1.2-D.1.3,
+    Tables 6-7); None: the same as `momentum`."""
+    nesterov: bool = False
+    """Nesterov variant of the local momentum."""
+    weight_decay: float = 1e-4
+    """L2 weight decay, not applied to BatchNorm coefficients (§4.1)."""
+    average_buffers: bool = False
+    """Average BatchNorm running statistics at every sync (False: per worker, §4.1)."""
+
+    # -- SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel) over local SGD or SGP
+    slowmo_frequency: int | None = None
+    """Every this many updates: exact global average, then the slow-momentum outer step
+    (`localsgd.outer`); None: no SlowMo. `local_steps` stays the base algorithm's averaging
+    period (fairscale's localsgd_frequency)."""
+    slowmo_momentum: float = 0.5
+    """Slow momentum beta (fairscale's slowmo_momentum)."""
+    slowmo_lr: float = 1.0
+    """Slow learning rate alpha (fairscale's slowmo_lr)."""
+    gossip: bool = False
+    """SGP base (Assran et al. 2019): one push-sum round on a time-varying exponential graph after
+    every update that does not average; with SlowMo set local_steps = slowmo_frequency so only the
+    slow step averages exactly."""
+    peers_per_step: int = 1
+    """SGP peers per gossip round."""
+
+    # -- engine and bookkeeping
+    batched: bool | str = "auto"
+    """Run the K replicas as one vmapped model (`BatchedReplicaEngine`). 'auto' (the default,
+    `use_batched`): on CUDA for K >= 2 replicas in one process, where it computes what the
+    sequential engine computes (every schedule kind of the paper's grids, float64:
+    tests/test_batched_paper_kinds.py) 2.5-3x as fast (H200, figures/gpu/sweep.csv), unless its
+    memory estimate does not fit; sequential elsewhere (on a CPU the sequential engine with
+    host threads is faster). The records' ``batched`` column holds what ran."""
+    seed: int = 0
+    """Fixes model init, data order and worker k's stream (seed + k)."""
+    device: str = "cpu"
+    """Training device ('cpu', 'cuda', 'cuda:1', ...)."""
+    eval_batch: int = 1000
+    """Batch size for test-set evaluation."""
+    records_per_epoch: int = 1
+    """Records per epoch, evenly spaced in updates: each evaluates the averaged model on the
+    test set and closes a training-accuracy window (finer curves for short runs)."""
+    dtype: str = "float32"
+    """Parameter dtype ('float32' or 'float64'; float64 for equivalence tests)."""
+    precision: str = "auto"
+    """Arithmetic of float32 runs (`localsgd.numerics`): 'auto' (the default: 'tf32' on CUDA,
+    'fp32' elsewhere), 'fp32' (TF32 off: the paper's arithmetic), 'tf32' (TF32 matmuls and
+    convolutions on recent GPUs) or 'bf16' (forward and loss under bfloat16 autocast; opt-in,
+    for speed). Applied once per run; the records' ``precision`` column holds what ran."""
+    deterministic: bool = False
+    """Deterministic cuDNN / torch algorithms (slower on GPUs; CPU runs are deterministic
+    either way)."""
+    memory_format: str = "auto"
+    """Layout of image batches (`localsgd.numerics.memory_format`): 'auto' (channels-last on a
+    single-threaded CPU, where it trains faster; NCHW otherwise), 'contiguous' or
+    'channels_last'. Changes float32 results at round-off only."""
+    host_threads: int = 0
+    """CPU threads the sequential replica engine spreads its K replicas over, each op then
+    single-threaded (`localsgd.engines.common.host_map`). 0 (auto): as many as torch has
+    intra-op threads when `train` starts, at most K, for K >= 2 replicas on a CPU (else
+    torch's threads are left alone). Does not change results: a run computes the same bits on
+    one core or several (tested); not part of the results-cache key."""
+
+    def __post_init__(self) -> None:
+        if self.momentum_scheme not in MOMENTUM_SCHEMES:
+            raise ValueError(f"momentum_scheme={self.momentum_scheme!r}; valid: {MOMENTUM_SCHEMES}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype={self.dtype!r}; valid: 'float32', 'float64'")
+        if self.precision not in (numerics.AUTO, *numerics.PRECISIONS):
+            raise ValueError(f"precision={self.precision!r}; valid: "
+                             f"{(numerics.AUTO, *numerics.PRECISIONS)}")
+        if self.memory_format not in numerics.MEMORY_FORMATS:
+            raise ValueError(f"memory_format={self.memory_format!r}; valid: "
+                             f"{numerics.MEMORY_FORMATS}")
+        if isinstance(self.host_threads, bool) or not isinstance(self.host_threads, int) \
+                or self.host_threads < 0:
+            raise ValueError(f"host_threads={self.host_threads!r}: must be an integer >= 0 "
+                             "(0: one per torch thread, at most K)")
+        if not (isinstance(self.batched, bool) or self.batched == "auto"):
+            raise ValueError(f"batched={self.batched!r}: must be true, false or 'auto'")
+        if not isinstance(self.deterministic, bool):
+            raise ValueError(f"deterministic={self.deterministic!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
+        if not self.epochs > 0:
+            raise ValueError(f"epochs={self.epochs}: must be > 0")
+        for name in ("world_size", "local_batch", "local_steps", "block_steps", "base_batch",
+                     "eval_batch", "peers_per_step", "image_size", "records_per_epoch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        object.__setattr__(self, "decay_fractions", tuple(self.decay_fractions))
+        if isinstance(self.loader_workers, bool) or not isinstance(self.loader_workers, int) \
+                or self.loader_workers < 0:
+            raise ValueError(f"loader_workers={self.loader_workers!r}: must be an integer >= 0")
+        if self.dataset not in data_mod.IMAGE_DATASETS:
+            raise ValueError(f"dataset={self.dataset!r}; valid: {data_mod.IMAGE_DATASETS}")
+        if self.slowmo_frequency is not None:
+            f = self.slowmo_frequency
+            if isinstance(f, bool) or not isinstance(f, int) or f < 1:
+                raise ValueError(f"slowmo_frequency={f!r}: must be an integer >= 1 or None")
+            if self.momentum_scheme in ("global", "hybrid"):
+                raise ValueError(
+                    f"slowmo_frequency={f} and momentum_scheme={self.momentum_scheme!r} both "
+                    "want the outer step: SlowMo's slow momentum is the outer momentum; use "
+                    "momentum_scheme='local' (or 'none') with SlowMo")
+        OuterUpdate(self.slowmo_momentum, self.slowmo_lr)  # validates beta in [0, 1), alpha > 0
+        self.topology()  # validates K, K', H, H^b with the schedule's own messages
+        if self.block_gradient_allreduce and self.topology().num_levels < 2:
+            raise ValueError(
+                "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
+                f"world_size={self.world_size} below it and block_steps > 1 (got block_size="
+                f"{self.block_size}, block_steps={self.block_steps})")
+
+    def topology(self) -> Topology:
+        return Topology.from_paper(self.world_size, self.local_steps, self.block_size,
+                                   self.block_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
+        """Build from a dict (e.g. a YAML file); an unknown key is an error naming it."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            import difflib
+
+            close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+            hints = "; ".join(f"{k!r}: did you mean {c[0]!r}?" for k, c in close.items() if c)
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}"
+                             + (f" ({hints})" if hints else "")
+                             + f"; valid fields: {sorted(known)}")
+        hints = typing.get_type_hints(cls)
+        return cls(**{k: _typed(k, v, hints[k]) for k, v in values.items()})
+
+
+def _typed(name: str, value: Any, hint: Any) -> Any:
+    """``value`` checked against the field's annotation (a YAML file or a flag gives plain data):
+    ints where an int is declared, numbers where a float is (an int or a numeric string such as
+    YAML 1.1's ``1e-4``, which PyYAML reads as text, becomes a float), booleans, strings, None
+    for optional fields, a list of numbers for a tuple. A wrong type is one ValueError line."""
+    args = typing.get_args(hint)
+    if set(args) == {bool, str}:  # a switch with 'auto' (`batched`)
+        if isinstance(value, bool) or value == "auto":
+            return value
+        raise ValueError(f"{name}: {value!r} ({type(value).__name__}) is not true, false or "
+                         "'auto'")
+    if type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is float and not isinstance(value, bool):
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint in (int, bool, str) and type(value) is hint:  # exact: True is not an int here
+        return value
+    elif typing.get_origin(hint) is tuple and isinstance(value, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return tuple(float(v) for v in value)
+    expected = {float: "a number", int: "an integer", bool: "true or false",
+                str: "a string"}.get(hint, "a list of numbers")
+    optional = " or null" if type(None) in args else ""
+    raise ValueError(f"{name}: {value!r} ({type(value).__name__}) is not {expected}{optional}")
