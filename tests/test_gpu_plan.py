@@ -88,7 +88,22 @@ def test_the_committed_h200_loop_prices_resnet20_and_every_other_model_has_an_es
     assert ("NVIDIA H200", "resnet20") in measured
     table = {**g.THROUGHPUT, **measured}
     plan = g.plan(g.paper_items(repo_root() / "notebooks", None, "paper"), "NVIDIA H200", table)
-    status = {t.model: t.status for t in plan.throughputs}
-    assert status.pop("resnet20") == "measured"
-    assert status and set(status.values()) == {"ESTIMATE"}
-    assert "1 measured" in plan.format() and plan.total["gpu_hours"] > 0
+    used = {(t.model, t.world_size): t.status for t in plan.throughputs}
+    resnet20 = {k: v for k, v in used.items() if k[0] == "resnet20"}
+    assert resnet20 and set(resnet20.values()) == {"measured"}
+    assert all(k[1] is not None for k in resnet20)  # every K of the grids was measured there
+    others = {k: v for k, v in used.items() if k[0] != "resnet20"}
+    assert others and set(others.values()) == {"ESTIMATE"}
+    assert f"{len(resnet20)} measured" in plan.format() and plan.total["gpu_hours"] > 0
+
+
+def test_a_run_is_priced_with_its_own_k_where_that_k_was_measured():
+    table = {**TABLE, ("GPU-X", "a", 16): g.Throughput("GPU-X", "a", 4000.0, "measured",
+                                                        "test", world_size=16)}
+    items = [g.PlanItem("nb", 1, 1000, 3600, "a", world_size=16),
+             g.PlanItem("nb2", 1, 1000, 3600, "a", world_size=2)]
+    plan = g.plan(items, gpu="GPU-X", table=table)
+    hours = {r["notebook"]: r["gpu_hours"] for r in plan.rows}
+    assert hours["nb"] == pytest.approx(1000 * 3600 / 4000 / 3600)  # K = 16's own rate
+    assert hours["nb2"] == pytest.approx(1000 * 3600 / 1000 / 3600)  # no K = 2 row: the model's
+    assert "a (K = 16): 4,000 images/s [measured]" in plan.format()

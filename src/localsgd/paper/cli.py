@@ -292,7 +292,7 @@ def _reproduce(args: argparse.Namespace) -> int:
         # what `localsgd gpu-check` measured beside the notebooks replaces the estimates
         table = {**gpu_plan.THROUGHPUT, **gpu_plan.measured_throughputs(
             args.notebooks.resolve().parent / "figures" / "gpu" / "loop.csv")}
-        known = sorted({name for name, _ in table})
+        known = sorted({key[0] for key in table})
         if gpu not in known:
             raise ValueError(f"--gpu {gpu!r}: no throughput for it; known: {', '.join(known)}")
         mode = "paper" if args.mode == "quick" and "--mode" not in sys.argv else args.mode

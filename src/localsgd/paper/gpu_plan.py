@@ -52,6 +52,7 @@ class Throughput:
     images_per_s: float
     status: str  # "ESTIMATE" until measured, then "measured"
     source: str
+    world_size: int | None = None  # measured at this K (replicas on one GPU); None: any K
 
 
 def _paper_table5(model: str, hours_h8: float) -> float:
@@ -102,29 +103,36 @@ DEFAULT_GPU = _A100
 def measured_throughputs(loop_csv: str | Path) -> dict[tuple[str, str], Throughput]:
     """Measured entries from ``localsgd gpu-check``'s ``loop.csv`` (`localsgd.paper.gpu_check`):
     per (GPU, model), the median training images/s of its rows that ran ("ok"), in the
-    arithmetic paper mode uses there (``precision: auto``; the source names it). Nothing when
-    the file does not exist."""
+    arithmetic paper mode uses there (``precision: auto``; the source names it), and per
+    (GPU, model, K) the median of the rows with that K: K replicas on one GPU run at very
+    different rates (the batched engine fills the GPU better as K grows), so `plan` prices a
+    run with its own K's rate where one was measured. Nothing when the file does not exist."""
     import csv
 
     path = Path(loop_csv)
     if not path.exists():
         return {}
-    by_key: dict[tuple[str, str], list[tuple[float, str]]] = {}
+    by_key: dict[tuple, list[tuple[float, str]]] = {}
     with open(path, newline="") as fh:
         for r in csv.DictReader(fh):
             if r.get("status") == "ok" and r.get("images_per_s"):
-                by_key.setdefault((r["gpu"], r["model"]), []).append(
-                    (float(r["images_per_s"]), f"{r['notebook']} ({r.get('precision')})"))
+                row = (float(r["images_per_s"]), f"{r['notebook']} ({r.get('precision')})")
+                by_key.setdefault((r["gpu"], r["model"]), []).append(row)
+                if r.get("world_size"):
+                    by_key.setdefault((r["gpu"], r["model"], int(r["world_size"])),
+                                      []).append(row)
     out = {}
-    for (gpu, model), rows in by_key.items():
+    for key, rows in by_key.items():
         rates = sorted(v for v, _ in rows)
         mid = len(rates) // 2
         median = rates[mid] if len(rates) % 2 else (rates[mid - 1] + rates[mid]) / 2
-        out[(gpu, model)] = Throughput(
-            gpu, model, median, "measured",
-            f"{path.name} (localsgd gpu-check): median over {len(rows)} notebooks' first "
-            f"configurations ({', '.join(sorted(nb for _, nb in rows))}), training images / "
-            "(data + compute + engine) seconds of the loop")
+        k = key[2] if len(key) == 3 else None
+        out[key] = Throughput(
+            key[0], key[1], median, "measured",
+            f"{path.name} (localsgd gpu-check): median of the first configurations"
+            f"{'' if k is None else f' with K = {k}'} of {len(rows)} notebook(s) "
+            f"({', '.join(sorted(nb for _, nb in rows))}), training images / "
+            "(data + compute + engine) seconds of the loop", world_size=k)
     return out
 
 
@@ -154,6 +162,7 @@ class PlanItem:
     note: str = ""
     key: Any = None  # identity of ONE configuration (runs must be 1): de-duplication across
     # notebooks (`plan`'s ``gpu_hours_shared``)
+    world_size: int | None = None  # K: a throughput measured at this K is used first
 
     def __post_init__(self):
         if min(self.runs, self.updates, self.images_per_update, self.eval_images) < 0:
@@ -190,7 +199,9 @@ class Plan:
                          f"{r['images']:15,d} {r['gpu_hours']:10.1f}")
         lines.append("order (cheapest informative first): " + ", ".join(self.order))
         for t in self.throughputs:
-            lines.append(f"  {t.model}: {t.images_per_s:,.0f} images/s [{t.status}] {t.source}")
+            k = "" if t.world_size is None else f" (K = {t.world_size})"
+            lines.append(f"  {t.model}{k}: {t.images_per_s:,.0f} images/s [{t.status}] "
+                         f"{t.source}")
         return "\n".join(lines)
 
 
@@ -217,10 +228,10 @@ def plan(items: Iterable[PlanItem], gpu: str = DEFAULT_GPU,
         if it.note and it.note not in row["note"]:
             row["note"] = "; ".join(filter(None, [row["note"], it.note]))
         if it.runs and it.updates:
-            tp = table.get((gpu, it.model))
+            tp = table.get((gpu, it.model, it.world_size)) or table.get((gpu, it.model))
             if tp is None:
                 raise KeyError(f"no throughput for {it.model!r} on {gpu!r}")
-            used[it.model] = tp
+            used[(it.model, tp.world_size or 0)] = tp
             hours = it.runs * (it.updates * it.images_per_update
                                + EVAL_COST * it.eval_images) / tp.images_per_s / 3600
             row["gpu_hours"] += hours
@@ -230,7 +241,7 @@ def plan(items: Iterable[PlanItem], gpu: str = DEFAULT_GPU,
                 seen[it.key] = hours / it.runs
     out = list(rows.values())
     total = {"notebook": "TOTAL", "note": "sum of the rows",
-             "models": ",".join(sorted(used))}
+             "models": ",".join(sorted({m for m, _ in used}))}
     for k in ("runs", "updates", "images", "eval_images", "gpu_hours"):
         total[k] = sum(r[k] for r in out)
     keyed_hours = sum(it.runs * seen[it.key] for it in items if it.key is not None)
@@ -253,7 +264,8 @@ def items_from_configs(notebook: str, configs: Sequence, note: str = "") -> list
         n_test = cfg.n_test or TEST_IMAGES[cfg.dataset]
         updates = max(math.floor(cfg.epochs * n / (cfg.world_size * cfg.local_batch)), 1)
         out.append(PlanItem(notebook, 1, updates, cfg.world_size * cfg.local_batch, cfg.model,
-                            eval_images=math.ceil(cfg.epochs) * n_test, note=note, key=cfg))
+                            eval_images=math.ceil(cfg.epochs) * n_test, note=note, key=cfg,
+                            world_size=cfg.world_size))
     return out
 
 
