@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 __all__ = ["Batch", "Deferred", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state",
-           "host_map", "set_cuda_rng_state", "to_device", "worker_generator"]
+           "host_map", "read_step", "set_cuda_rng_state", "to_device", "worker_generator"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -83,6 +83,23 @@ class Deferred:
         if self._value is Deferred._UNSET:
             self._value, self._fn = self._fn(), None
         return self._value
+
+
+def read_step(losses: torch.Tensor, stats: dict | None) -> list[float]:
+    """A ``step(..., sync=False)`` result read to the host, as ``sync=True`` returns it: the
+    losses and hit counts in one read (``stats["correct"]`` ints, or None per worker for
+    floating targets), the `Deferred` seconds resolved."""
+    k = len(losses)
+    if stats is None:
+        return losses.tolist()
+    correct = stats["correct"]
+    if correct is None:
+        out, stats["correct"] = losses.tolist(), [None] * k
+    else:
+        values = torch.cat([losses, correct.to(losses.dtype)]).tolist()
+        out, stats["correct"] = values[:k], [int(c) for c in values[k:]]
+    stats["compute_seconds"] = stats["compute_seconds"].get()
+    return out
 
 
 class PhaseClock:

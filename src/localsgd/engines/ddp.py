@@ -53,6 +53,7 @@ from localsgd.engines.common import (
     clone_tensors,
     count_correct,
     cuda_rng_state,
+    read_step,
     set_cuda_rng_state,
     to_device,
     worker_generator,
@@ -316,22 +317,12 @@ class DDPEngine:
             "avg_bytes": self._avg_bytes if level is not None else 0,
             "outer": bool(action.outer),
         })
-        loss = loss.detach()
-        c = count_correct(out, y, 1) if stats is not None else None
-        if not sync:
-            if stats is not None:
-                stats["correct"] = c.reshape(1) if c is not None else None
-                stats["compute_seconds"] = Deferred(lambda: [compute])
-            return loss.reshape(1), action
-        if c is not None:  # one host read for the loss and the hits together
-            loss_value, hits = torch.stack([loss, c.to(loss.dtype)]).tolist()
-            c = int(hits)
-        else:
-            loss_value = loss.item()
+        loss = loss.detach().reshape(1)
         if stats is not None:
-            stats["correct"] = [c]
-            stats["compute_seconds"] = [compute]
-        return [loss_value], action
+            c = count_correct(out, y, 1)
+            stats["correct"] = c.reshape(1) if c is not None else None
+            stats["compute_seconds"] = Deferred(lambda: [compute])
+        return (read_step(loss, stats) if sync else loss), action
 
     @torch.no_grad()
     def averaged_model(self) -> nn.Module:

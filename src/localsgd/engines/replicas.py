@@ -43,6 +43,7 @@ from localsgd.engines.common import (
     count_correct,
     cuda_rng_state,
     host_map,
+    read_step,
     set_cuda_rng_state,
     to_device,
     worker_generator,
@@ -531,25 +532,13 @@ class ReplicaEngine(_Engine):
         wall += time.perf_counter() - t0
         spans = [[a, b] for a, b in zip(first, second, strict=True)] if timed else []
         action = self.driver.after_step(self.current_lr())
-        k = len(losses)
-        if not sync:
-            losses_out = torch.stack(losses)
-            if timed:
-                stats["correct"] = torch.stack(correct) if correct[0] is not None else None
-                stats["compute_seconds"] = Deferred(lambda: clock.seconds(spans))
-        elif timed and correct[0] is not None:  # losses and hit counts in one host read
-            values = torch.cat([torch.stack(losses),
-                                torch.stack(correct).to(losses[0].dtype)]).tolist()
-            losses_out, stats["correct"] = values[:k], [int(c) for c in values[k:]]
-        else:
-            losses_out = torch.stack(losses).tolist()  # one device sync for all K losses
-            if timed:
-                stats["correct"] = [None] * k
-        if timed and sync:
-            stats["compute_seconds"] = clock.seconds(spans)
-        if timed and self.threads > 1:  # the K spans overlap: the profile needs their wall time
-            stats["compute_wall_seconds"] = wall
-        return losses_out, action
+        if timed:
+            stats["correct"] = torch.stack(correct) if correct[0] is not None else None
+            stats["compute_seconds"] = Deferred(lambda: clock.seconds(spans))
+            if self.threads > 1:  # the K spans overlap: the profile needs their wall time
+                stats["compute_wall_seconds"] = wall
+        losses_out = torch.stack(losses)
+        return (read_step(losses_out, stats) if sync else losses_out), action
 
     def averaged_model(self) -> nn.Module:
         """A copy of replica 0 holding the average of all replicas (parameters and float
@@ -735,24 +724,12 @@ class BatchedReplicaEngine(_Engine):
         if timed:
             spans.append((t0, clock.mark()))
         action = self.driver.after_step(self.current_lr())
-        correct = count_correct(out, y, 2) if timed else None
         k = self.world_size
-        if not sync:
-            if timed:
-                stats["correct"] = correct
-                stats["compute_seconds"] = Deferred(lambda: [clock.seconds([spans])[0] / k] * k)
-            return losses.detach(), action
-        if correct is not None:  # losses and hit counts in one host read
-            values = torch.cat([losses.detach(), correct.to(losses.dtype)]).tolist()
-            losses_out, stats["correct"] = values[:k], [int(c) for c in values[k:]]
-        else:
-            losses_out = losses.detach().tolist()
-            if timed:
-                stats["correct"] = [None] * k
         if timed:
-            seconds = clock.seconds([spans])[0]
-            stats["compute_seconds"] = [seconds / k] * k
-        return losses_out, action
+            stats["correct"] = count_correct(out, y, 2)
+            stats["compute_seconds"] = Deferred(lambda: [clock.seconds([spans])[0] / k] * k)
+        losses = losses.detach()
+        return (read_step(losses, stats) if sync else losses), action
 
     def replica_state_dict(self, k: int) -> dict[str, torch.Tensor]:
         """Replica k's model state (views of the live stacks), keyed like the model's own."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import importlib
 import json
 import os
@@ -132,6 +133,12 @@ def _model_fn(dtype: torch.dtype) -> Callable[[], torch.nn.Module]:
     return lambda: build_model("resnet20", num_classes=10, width=WIDTH).to(dtype)
 
 
+@functools.cache
+def _param_sizes() -> list[int]:
+    """Elements of each trainable parameter of the check's model, in order."""
+    return [p.numel() for p in _model_fn(torch.float32)().parameters() if p.requires_grad]
+
+
 def _optimizer_fn(params):
     return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=1e-4)
 
@@ -166,7 +173,7 @@ def _snapshot(engine) -> dict[str, torch.Tensor]:
     if buf is not None:  # the engine's row has alignment gaps: the parameters' parts, in order
         from localsgd.engines.replicas import aligned_offsets
 
-        sizes = [p.numel() for p in engine.averaged_model().parameters() if p.requires_grad]
+        sizes = _param_sizes()
         offsets, _ = aligned_offsets(sizes)
         out["outer/momentum"] = torch.cat([buf[o:o + n] for o, n in zip(offsets, sizes,
                                                                       strict=True)]
