@@ -1,9 +1,9 @@
-"""The batched replica engine equals the sequential one in float64 for every schedule kind that
-a paper notebook's grid uses (issue 32: the batched engine trains the K replicas 2.5-3x as fast
-on an H200, figures/gpu/sweep.csv, so paper mode may run it on a GPU only where it is the same
-computation). Each distinct kind is run at toy size through `train`, the way paper mode runs
-it, with the schedule's epochs shrunk so every phase (warm-ups, local steps, blocks, outer
-steps, decays) happens within a few updates."""
+"""The batched replica engine, both its paths (vmap and channel-packed), equals the sequential
+one in float64 for every schedule kind that a paper notebook's grid uses (issue 32: the batched
+engine trains the K replicas 2.5-5x as fast on one GPU, figures/gpu/, so paper mode may run it
+there only where it is the same computation). Each distinct kind is run at toy size through
+`train`, the way paper mode runs it, with the schedule's epochs shrunk so every phase (warm-ups,
+local steps, blocks, outer steps, decays) happens within a few updates."""
 
 import dataclasses
 from pathlib import Path
@@ -77,14 +77,18 @@ def test_batched_equals_sequential_in_float64(name):
     cfg = KINDS[name]
     ds = data.synthetic_image_dataset(2 * cfg.world_size, 16, num_classes=4, image_size=8, seed=0)
     seq = train(_toy(cfg, False), dataset=ds, progress=False)
-    bat = train(_toy(cfg, True), dataset=ds, progress=False)
-    assert len(seq) == len(bat) == _epochs(cfg)
-    for col in ("train_loss", "test_loss", "test_acc", "lr_last"):
-        for a, b in zip(seq[col], bat[col], strict=True):
-            assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), (col, a, b)
-    for col in [c for c in seq.columns if c.startswith(("sync_l", "gradsync_l"))] + \
-            ["outer_steps", "gossip_rounds"]:
-        assert seq[col].tolist() == bat[col].tolist(), col
+    # the vmap path, and the channel-packed one CUDA runs by default (localsgd.engines.packed)
+    for packed in (False, True):
+        bat = train(dataclasses.replace(_toy(cfg, True), packed=packed), dataset=ds,
+                    progress=False)
+        assert bat["packed"].tolist() == [packed] * len(bat)
+        assert len(seq) == len(bat) == _epochs(cfg)
+        for col in ("train_loss", "test_loss", "test_acc", "lr_last"):
+            for a, b in zip(seq[col], bat[col], strict=True):
+                assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), (col, packed, a, b)
+        for col in [c for c in seq.columns if c.startswith(("sync_l", "gradsync_l"))] + \
+                ["outer_steps", "gossip_rounds"]:
+            assert seq[col].tolist() == bat[col].tolist(), col
     # the toy run reaches what makes the kind: averages, blocks, outer steps, gossip rounds
     kind, last = dict(zip(KIND, _signature(cfg), strict=True)), seq.iloc[-1]
     assert last["outer_steps"] > 0 if kind["slowmo"] else True

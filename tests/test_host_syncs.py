@@ -116,6 +116,7 @@ def test_an_update_reads_nothing_back_and_a_record_reads_a_few_values(name, even
     assert plain and all(n == 0 for n in plain.values()), \
         f"host reads during updates without a record: {plain}"
     at_records = {t: n for t, n in between.items() if t in records}
-    # the record: the unread updates (1), the event timings (waits), the test sums (1 per
-    # shard), the median step times; bounded, whatever the number of updates it covers
-    assert at_records and all(n <= 8 for n in at_records.values()), at_records
+    # a record: ONE read for the unread updates' losses and hits and the evaluation's sums
+    # (their event timings are done by then: no wait), whatever the number of updates it
+    # covers. Three before (updates; evaluation; the median step times as a tensor).
+    assert at_records == dict.fromkeys(records, 1), at_records

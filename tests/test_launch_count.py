@@ -19,11 +19,11 @@ from localsgd.models import build_model
 from localsgd.schedule import SyncSchedule, Topology
 
 
-def top_level_ops(cls, k: int, steps: int = 2) -> int:
+def top_level_ops(cls, k: int, steps: int = 2, **kw) -> int:
     engine = cls(lambda: build_model("resnet20", 10, width=0.25),
                  SyncSchedule(Topology.from_paper(k, 2)),
                  lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-4),
-                 seed=0, average_buffers=True)
+                 seed=0, average_buffers=True, **kw)
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g))
                for _ in range(k)]
@@ -44,8 +44,10 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_the_batched_engine_launches_as_many_operators_for_six_replicas_as_for_two():
-    assert top_level_ops(BatchedReplicaEngine, 2) == top_level_ops(BatchedReplicaEngine, 6)
+@pytest.mark.parametrize("packed", [False, True], ids=["vmap", "packed"])
+def test_the_batched_engine_launches_as_many_operators_for_six_replicas_as_for_two(packed):
+    assert (top_level_ops(BatchedReplicaEngine, 2, packed=packed)
+            == top_level_ops(BatchedReplicaEngine, 6, packed=packed))
 
 
 def test_the_sequential_engine_launches_k_times_as_many():

@@ -86,13 +86,13 @@ def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported
     import localsgd.batch_sources as loop
 
     sizes, phases, evaluated = [], [], []
-    eval_batches = loop.eval_batches
+    eval_sums = loop.eval_sums
 
     def counted_evaluation(model, x, *args, **kwargs):
         evaluated.append(len(x))
-        return eval_batches(model, x, *args, **kwargs)
+        return eval_sums(model, x, *args, **kwargs)
 
-    monkeypatch.setattr(loop, "eval_batches", counted_evaluation)
+    monkeypatch.setattr(loop, "eval_sums", counted_evaluation)
 
     def engine(c, n_train, num_classes):
         built = build_engine(c, n_train, num_classes)

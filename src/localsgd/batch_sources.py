@@ -19,8 +19,8 @@ from torch import nn
 from localsgd import data as data_mod
 from localsgd.engines.common import host_map
 
-__all__ = ["STREAMED", "EvalBatch", "MemoryBatches", "StreamedBatches", "combine_eval",
-           "eval_batches", "evaluate", "load_dataset"]
+__all__ = ["STREAMED", "EvalBatch", "MemoryBatches", "PendingEval", "StreamedBatches",
+           "combine_eval", "eval_batches", "eval_sums", "evaluate", "load_dataset"]
 
 
 STREAMED = ("imagenet", "cifar10_folder")  # data sets read from image folders while training
@@ -55,11 +55,11 @@ class MemoryBatches:
 
     eval_limit: int | None = None  # test images evaluated (a dry run's bound; None: all)
 
-    def eval_batches(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
-                     threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
+    def eval_sums(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
+                  threads: int = 1, shard: tuple[int, int] = (0, 1)) -> PendingEval:
         n = self.eval_limit
-        return eval_batches(model, self.test_x[:n], self.test_y[:n], self.ds.mean, self.ds.std,
-                            self.eval_batch, layout, threads, shard)
+        return eval_sums(model, self.test_x[:n], self.test_y[:n], self.ds.mean, self.ds.std,
+                         self.eval_batch, layout, threads, shard)
 
 
 class StreamedBatches:
@@ -119,8 +119,8 @@ class StreamedBatches:
         return out
 
     @torch.no_grad()
-    def eval_batches(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
-                     threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
+    def eval_sums(self, model: nn.Module, layout: torch.memory_format = torch.contiguous_format,
+                  threads: int = 1, shard: tuple[int, int] = (0, 1)) -> PendingEval:
         # one batch at a time: the loader's worker processes are the parallelism here
         model.eval()
         dtype = next(model.parameters()).dtype
@@ -135,9 +135,7 @@ class StreamedBatches:
             sums.append(torch.stack([nn.functional.cross_entropy(out.float(), y, reduction="sum"),
                                      (out.argmax(1) == y).sum().float()]))
             images.append(len(y))
-        values = torch.stack(sums).tolist() if sums else []  # one host read for all the batches
-        return [EvalBatch(start, n_images, loss, int(hits)) for start, n_images, (loss, hits)
-                in zip(starts, images, values, strict=True)]
+        return PendingEval(starts, images, torch.stack(sums) if sums else None)
 
 
 class EvalBatch(NamedTuple):
@@ -150,14 +148,31 @@ class EvalBatch(NamedTuple):
     hits: int
 
 
+class PendingEval(NamedTuple):
+    """Evaluation sums still on the device: each batch's start and images, and a ``[batches, 2]``
+    tensor of summed cross-entropy and hits (None: no batch). `read` turns them into
+    `EvalBatch` rows; ``localsgd.train`` reads them with the training sums, in one host read."""
+
+    starts: list[int]
+    images: list[int]
+    sums: torch.Tensor | None
+
+    def read(self, values: Sequence[float] | None = None) -> list[EvalBatch]:
+        """The rows, from ``values`` (``sums`` flattened, already read) or one read of ``sums``."""
+        if values is None:
+            values = self.sums.flatten().tolist() if self.sums is not None else []
+        return [EvalBatch(start, n, values[2 * j], int(values[2 * j + 1]))
+                for j, (start, n) in enumerate(zip(self.starts, self.images, strict=True))]
+
+
 @torch.no_grad()
-def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
-                 batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
-                 threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
+def eval_sums(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
+              batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
+              threads: int = 1, shard: tuple[int, int] = (0, 1)) -> PendingEval:
     """The sums of ``model`` on uint8 images ``x`` batch by batch (``batch`` images, handed to
     the model in ``layout``, spread over ``threads`` host threads), for the batches of shard
     ``shard = (i, n)``: batches i, i + n, i + 2n, ... (under torchrun each process evaluates
-    one shard; `combine_eval` adds the shards up in batch order)."""
+    one shard; `combine_eval` adds the shards up in batch order), left on the device."""
     model.eval()
     dtype = next(model.parameters()).dtype
 
@@ -169,9 +184,15 @@ def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, 
 
     starts = list(range(0, len(x), batch))[shard[0]::shard[1]]
     sums = host_map(one, starts, threads)
-    values = torch.stack(sums).tolist() if sums else []  # one host read for all the batches
-    return [EvalBatch(i, len(y[i:i + batch]), loss, int(hits))
-            for i, (loss, hits) in zip(starts, values, strict=True)]
+    return PendingEval(starts, [len(y[i:i + batch]) for i in starts],
+                       torch.stack(sums) if sums else None)
+
+
+def eval_batches(model: nn.Module, x: torch.Tensor, y: torch.Tensor, mean: Any, std: Any,
+                 batch: int = 1000, layout: torch.memory_format = torch.contiguous_format,
+                 threads: int = 1, shard: tuple[int, int] = (0, 1)) -> list[EvalBatch]:
+    """`eval_sums`' rows, read at once (one host read for all the batches)."""
+    return eval_sums(model, x, y, mean, std, batch, layout, threads, shard).read()
 
 
 def combine_eval(shards: Sequence[Sequence[EvalBatch]]) -> tuple[float, float]:

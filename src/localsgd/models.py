@@ -65,8 +65,9 @@ class _BasicBlock(nn.Module):
         self.stride, self.extra = stride, c_out - c_in
 
     def shortcut(self, x: Tensor) -> Tensor:
+        # dims counted from the end: also runs on packed replicas' [B, K, C, H, W]
         if self.stride != 1:
-            x = x[:, :, :: self.stride, :: self.stride]
+            x = x[..., :: self.stride, :: self.stride]
         if self.extra:
             lo = self.extra // 2  # zero channels on both sides, as in He et al.'s option A
             x = F.pad(x, (0, 0, 0, 0, lo, self.extra - lo))

@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import math
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,7 @@ from localsgd.batch_sources import (
 )
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
+from localsgd.engines import packed as packing
 from localsgd.engines.ddp import DDPEngine
 from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
@@ -112,6 +114,15 @@ def use_batched(cfg: TrainConfig, device: torch.device, replicas: bool = True) -
     if cfg.batched != "auto":
         return bool(cfg.batched)
     return replicas and device.type == "cuda" and cfg.world_size >= 2
+
+
+def use_packed(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether the batched engine packs ``cfg``'s replicas into channel groups: ``cfg.packed``
+    itself, or for 'auto': yes on CUDA where the model supports it (`localsgd.engines.packed`)."""
+    if cfg.packed != "auto":
+        return bool(cfg.packed)
+    return device.type == "cuda" and packing.supports(
+        models_mod.build_model(cfg.model, width=cfg.width))
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
@@ -169,7 +180,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          average_buffers=cfg.average_buffers, device=device,
                          num_classes=num_classes, **options)
     batched = use_batched(cfg, device)
-    kw = {} if batched else {"threads": threads or max(1, cfg.host_threads)}
+    kw = {"packed": cfg.packed} if batched else {"threads": threads or max(1, cfg.host_threads)}
     engine_cls = BatchedReplicaEngine if batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
@@ -259,16 +270,22 @@ class _Unread:
         self.rows.append((losses, stats["correct"], stats["compute_seconds"], step_s,
                           stats.get("compute_wall_seconds")))
 
-    def settle(self, tot: _Totals, phases: dict[str, float], images: int, workers: int) -> None:
+    def settle(self, tot: _Totals, phases: dict[str, float], images: int, workers: int,
+               also: torch.Tensor | None = None) -> list[float]:
         """Add the unread updates to ``tot`` and ``phases``: one host read for all their losses
         and hits (Python sums in update order, as a per-update read would give), then their
-        timings; ``images`` per worker and update, ``workers`` in this process."""
+        timings; ``images`` per worker and update, ``workers`` in this process. ``also``: more
+        device values (a record's evaluation sums) read in the same host read; returned
+        flattened, as float64."""
+        extra = [] if also is None else [also.detach().flatten().double()]
         if not self.rows:
-            return
+            return torch.cat(extra).tolist() if extra else []
         t_wait = time.perf_counter()
         rows = [torch.cat([lo.double(), (c if c is not None else torch.zeros_like(lo)).double()])
                 for lo, c, *_ in self.rows]
-        values = torch.stack(rows).tolist()
+        width = rows[0].numel()
+        flat = torch.cat([*rows, *extra]).tolist()  # the one host read
+        values = [flat[i:i + width] for i in range(0, width * len(rows), width)]
         # new totals first, assigned together: a second Ctrl-C in here cannot count twice
         loss_sum, correct, seen = tot.loss_sum, tot.correct, tot.seen
         step_seconds = [list(times) for times in tot.step_seconds]
@@ -289,6 +306,7 @@ class _Unread:
             step_seconds
         phases["compute"] = compute
         phases["engine"] = engine + time.perf_counter() - t_wait  # + the wait for the device
+        return flat[width * len(rows):]
 
 
 @contextlib.contextmanager
@@ -375,8 +393,9 @@ def train(
     # the 'auto' fields decided for this device: the records show what ran; checkpoints keep
     # the configuration as asked (a resume compares with that)
     asked = cfg
+    batched = use_batched(cfg, device, replicas=engine is None)
     cfg = dataclasses.replace(cfg, precision=numerics.resolve_precision(cfg.precision, device),
-                              batched=use_batched(cfg, device, replicas=engine is None))
+                              batched=batched, packed=batched and use_packed(cfg, device))
     saved_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(1)
@@ -469,8 +488,8 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
 
     unread = _Unread()
 
-    def settle() -> None:
-        unread.settle(tot, phases, images=b, workers=len(ranks))
+    def settle(also: torch.Tensor | None = None) -> list[float]:
+        return unread.settle(tot, phases, images=b, workers=len(ranks), also=also)
 
     def snapshot() -> dict:
         settle()
@@ -486,18 +505,19 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
             save_checkpoint(checkpoint_path, snapshot())
 
     def record(t: int) -> None:
-        settle()
         t_eval = time.perf_counter()
-        # each process evaluates its shard of the test batches (under torchrun: 1/K each)
-        mine = source.eval_batches(engine.averaged_model(), layout, max(1, threads), shard)
-        acc, loss = combine_eval(engine.all_gather_object(mine))
+        # each process evaluates its shard of the test batches (under torchrun: 1/K each); its
+        # sums are read with the unread updates' in one host read (on CUDA, the device's
+        # evaluation time lands in the engine phase's wait)
+        pending = source.eval_sums(engine.averaged_model(), layout, max(1, threads), shard)
         phases["evaluate"] += time.perf_counter() - t_eval
+        mine = pending.read(settle(pending.sums))
+        acc, loss = combine_eval(engine.all_gather_object(mine))
         # the median worker of every step (mean of the middle two for even K), as if the K
         # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
         per_worker = [w for proc in engine.all_gather_object(tot.step_seconds) for w in proc]
-        if per_worker and per_worker[0]:
-            times = torch.tensor(per_worker, dtype=torch.float64)
-            tot.compute_seconds += float(times.quantile(0.5, dim=0).sum())
+        if per_worker and per_worker[0]:  # in Python: host numbers need no tensor (or read)
+            tot.compute_seconds += sum(statistics.median(step) for step in zip(*per_worker))
         loss_sum, correct, seen = (sum(v) for v in zip(
             *engine.all_gather_object((tot.loss_sum, tot.correct, tot.seen)), strict=True))
         row = {

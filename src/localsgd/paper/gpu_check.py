@@ -4,8 +4,8 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
 1. ``doctor``: both replica engines on the device against a hand-written CPU float64 run, and a
    one-process NCCL group (`localsgd.paper.doctor`) -> ``doctor.json``.
 2. A throughput sweep of the CIFAR ResNet-20 (random inputs, so no data is needed): one model at
-   batch B and at K * B, `ReplicaEngine` and `BatchedReplicaEngine` with K replicas of batch B and
-   H = 8, for each precision (``fp32`` = TF32 off, the paper's arithmetic; ``tf32``; ``bf16``
+   batch B and at K * B, `ReplicaEngine` and `BatchedReplicaEngine` (its vmap path, ``batched``,
+   and its channel-packed one, ``packed``) with K replicas of batch B and H = 8, for each precision (``fp32`` = TF32 off, the paper's arithmetic; ``tf32``; ``bf16``
    autocast) and input layout (NCHW, NHWC); images/s is the median of timed windows after
    untimed warm-up steps -> ``sweep.csv``.
 3. The training loop on the first configuration of every paper notebook that trains
@@ -107,9 +107,9 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
             opt.step()  # no host read: the engines' steps below make none either
         return step
 
-    def engine(cls, fmt, precision: str) -> Callable[[], None]:
+    def engine(cls, fmt, precision: str, **kw: Any) -> Callable[[], None]:
         e = cls(model_fn, SyncSchedule(Topology.from_paper(k, H_SWEEP)), optimizer_fn, seed=0,
-                average_buffers=True, device=device)
+                average_buffers=True, device=device, **kw)
         batches = [(x.contiguous(memory_format=fmt), y) for x, y in zip(xs, ys, strict=True)]
 
         def step() -> None:
@@ -127,8 +127,12 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
                  lambda f=fmt, p=precision: single(k * b, f, p), k * b),
                 (precision, layout, f"replica_k{k}_b{b}",
                  lambda f=fmt, p=precision: engine(ReplicaEngine, f, p), k * b),
-                (precision, layout, f"batched_k{k}_b{b}",
-                 lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p), k * b),
+                (precision, layout, f"batched_k{k}_b{b}",  # the vmap path
+                 lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p, packed=False),
+                 k * b),
+                (precision, layout, f"packed_k{k}_b{b}",  # channel groups (engines.packed)
+                 lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p, packed=True),
+                 k * b),
             ]
     return out
 
