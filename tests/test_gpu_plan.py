@@ -107,3 +107,11 @@ def test_a_run_is_priced_with_its_own_k_where_that_k_was_measured():
     assert hours["nb"] == pytest.approx(1000 * 3600 / 4000 / 3600)  # K = 16's own rate
     assert hours["nb2"] == pytest.approx(1000 * 3600 / 1000 / 3600)  # no K = 2 row: the model's
     assert "a (K = 16): 4,000 images/s [measured]" in plan.format()
+
+
+def test_the_plan_reads_every_gpu_folder_of_figures_gpu():
+    # figures/gpu/loop.csv is an H200's; figures/gpu/h100/loop.csv an H100's (packed engine)
+    measured = g.measured_folder(repo_root() / "figures" / "gpu")
+    assert {("NVIDIA H200", "resnet20"), ("NVIDIA H100 80GB HBM3", "resnet20")} <= set(measured)
+    h100 = measured[("NVIDIA H100 80GB HBM3", "resnet20", 16)]
+    assert h100.status == "measured" and h100.source.startswith("h100/loop.csv")

@@ -15,8 +15,8 @@ torch.cuda.Event.synchronize = counted
 for spec in sys.argv[2:]:
     name, batched, epochs, H, rpe = spec.split(":")
     cfg = TrainConfig(**{**base, "device": "cuda", "world_size": 16, "local_steps": int(H),
-                         "epochs": float(epochs), "batched": batched == "1",
-                         "records_per_epoch": int(rpe)})
+                         "epochs": float(epochs), "batched": batched in ("1", "p"),
+                         "packed": batched == "p", "records_per_epoch": int(rpe)})
     seen = {}
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -32,7 +32,7 @@ for spec in sys.argv[2:]:
     between = {t: seen[t] - seen[t - 1] for t in seen if t > first}
     plain = [n for t, n in between.items() if t not in recs]
     at = [n for t, n in between.items() if t in recs]
-    row = {"run": name, "batched": cfg.batched, "H": int(H), "steps": steps, "records": len(rec),
+    row = {"run": name, "batched": cfg.batched, "packed": bool(rec["packed"].iloc[-1]),
            "updates_without_record": len(plain), "syncs_in_those": sum(plain),
            "syncs_per_update": round(sum(plain) / max(len(plain), 1), 3),
            "syncs_per_record": at, "setup_and_first_update": seen[first],

@@ -290,8 +290,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
         gpu = args.gpu or gpu_plan.DEFAULT_GPU
         # what `localsgd gpu-check` measured beside the notebooks replaces the estimates
-        table = {**gpu_plan.THROUGHPUT, **gpu_plan.measured_throughputs(
-            args.notebooks.resolve().parent / "figures" / "gpu" / "loop.csv")}
+        table = {**gpu_plan.THROUGHPUT, **gpu_plan.measured_folder(
+            args.notebooks.resolve().parent / "figures" / "gpu")}
         known = sorted({key[0] for key in table})
         if gpu not in known:
             raise ValueError(f"--gpu {gpu!r}: no throughput for it; known: {', '.join(known)}")

@@ -5,7 +5,8 @@ THE THROUGHPUTS BELOW ARE ESTIMATES, NOT MEASUREMENTS: each entry says where its
 from. ``localsgd gpu-check`` measures the training loop on the GPU at hand and writes
 ``figures/gpu/loop.csv``; `measured_throughputs` turns its rows into entries with ``status
 "measured"``, which ``localsgd reproduce --plan --gpu NAME`` uses instead of any estimate.
-(figures/gpu/loop.csv holds an H200's ResNet-20 rows: ``--gpu "NVIDIA H200"`` uses them.)
+(figures/gpu/loop.csv holds an H200's ResNet-20 rows, figures/gpu/h100/loop.csv an H100's:
+``--gpu "NVIDIA H200"`` and ``--gpu "NVIDIA H100 80GB HBM3"`` use them.)
 
 Cost model: one training image costs 1 / throughput seconds of one GPU, whichever engine runs it
 (K GPUs under torchrun each doing B_loc per update, or one GPU simulating the K workers with
@@ -129,10 +130,21 @@ def measured_throughputs(loop_csv: str | Path) -> dict[tuple[str, str], Throughp
         k = key[2] if len(key) == 3 else None
         out[key] = Throughput(
             key[0], key[1], median, "measured",
-            f"{path.name} (localsgd gpu-check): median of the first configurations"
+            f"{path.parent.name}/{path.name} (localsgd gpu-check): median of the first "
+            "configurations"
             f"{'' if k is None else f' with K = {k}'} of {len(rows)} notebook(s) "
             f"({', '.join(sorted(nb for _, nb in rows))}), training images / "
             "(data + compute + engine) seconds of the loop", world_size=k)
+    return out
+
+
+def measured_folder(folder: str | Path) -> dict[tuple, Throughput]:
+    """`measured_throughputs` of ``folder/loop.csv`` and of each ``folder/<gpu>/loop.csv``
+    (figures/gpu/ holds one GPU's files at the top, an H200's, and others in subfolders)."""
+    folder = Path(folder)
+    out: dict[tuple, Throughput] = {}
+    for path in [folder / "loop.csv", *sorted(folder.glob("*/loop.csv"))]:
+        out.update(measured_throughputs(path))
     return out
 
 
