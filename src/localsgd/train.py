@@ -180,7 +180,8 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          average_buffers=cfg.average_buffers, device=device,
                          num_classes=num_classes, **options)
     batched = use_batched(cfg, device)
-    kw = {"packed": cfg.packed} if batched else {"threads": threads or max(1, cfg.host_threads)}
+    kw = ({"packed": cfg.packed, "compile": cfg.compile_replicas} if batched
+          else {"threads": threads or max(1, cfg.host_threads)})
     engine_cls = BatchedReplicaEngine if batched else ReplicaEngine
     return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
                       lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,

@@ -21,7 +21,7 @@ Per step and worker it records wall-clock timestamps (`timeline`), from which
 `localsgd.timing.stragglers.split_waiting` splits each step into compute, waiting and
 communication. On CUDA the host's timestamps see only kernel launches (NCCL's ``wait()`` does
 not block the host), so there the step's durations come from CUDA events on the compute stream,
-read once per update: compute (forward, backward with DDP's gradient all-reduce, optimizer
+read together when the timeline (or a step's seconds) is read, not per update: compute (forward, backward with DDP's gradient all-reduce, optimizer
 step), the model average (``avg_dur_s``), and their sum as the step's ``wall_s``. It emulates
 stragglers (`localsgd.timing.stragglers.Stragglers`, the blog's experiment) and, with
 ``compute_ms``, replaces the model's compute by a sleep so 8-16 processes fit on 2 cores. ``compile`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp =
@@ -208,7 +208,36 @@ class DDPEngine:
             sum(b.numel() * b.element_size() for b in float_buffers(model))
             if average_buffers else 0)
         self._avg_bytes = avg_bytes
-        self.timeline: list[dict] = []
+        self._timeline: list[dict] = []
+        # CUDA: rows whose event times are not read yet (marks, synced), resolved together
+        self._unread: list[tuple[dict, list, bool]] = []
+
+    @property
+    def timeline(self) -> list[dict]:
+        """One row per update: host stamps, and on CUDA the GPU's seconds from events (read
+        here, for every update since the last read, in one host wait)."""
+        self._read_events()
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, rows: list[dict]) -> None:
+        self._timeline, self._unread = rows, []
+
+    def _compute_seconds(self, row: dict) -> list[float]:
+        self._read_events()
+        return [row["compute_s"]]
+
+    def _read_events(self) -> None:
+        for row, marks, synced in self._unread:
+            # the GPU's own time: forward, backward and the optimizer step, including the
+            # wait for DDP's gradient all-reduce, which blocks the compute stream at the end of
+            # backward (not separable on one stream: counted as compute, once); then the model
+            # average. The first read waits for the last event; the others are done by then.
+            compute, after = self._clock.seconds([[(marks[0], marks[1])], [(marks[1], marks[2])]])
+            row["wall_s"] = compute + after  # so compute <= wall, as on a CPU
+            row["compute_s"] = compute if synced else compute + after
+            row["avg_dur_s"] = after if synced else None
+        self._unread.clear()
 
     # -- the surface train() uses ----------------------------------------------------------------
 
@@ -246,8 +275,8 @@ class DDPEngine:
         """One local update of this worker (``batches`` = [its (inputs, targets)]), then whatever
         the schedule says. Same contract as `ReplicaEngine.step` for one worker;
         ``stats["compute_seconds"]`` excludes waiting and communication (see `timeline`). With
-        ``sync=False`` the loss and hit count stay on the device, but on CUDA the step's
-        `timeline` row still reads its events once per update (one host wait)."""
+        ``sync=False`` nothing is read back: the loss and hit count stay on the device and, on
+        CUDA, the step's events are read with the others when the timeline or the seconds are."""
         if len(batches) != 1:
             raise ValueError(f"a DDP worker takes one batch per step (its own), got {len(batches)}")
         (x, y), = batches
@@ -291,19 +320,9 @@ class DDPEngine:
             if glevel is not None else None
         compute = ((grad_arrive if glevel is not None else backward_end) - start
                    + opt_end - backward_end + (0.0 if synced else end - opt_end))
-        wall, avg_dur = end - start, None
-        if gpu:
-            # the GPU's own time (CUDA events, one host wait per update): forward, backward and
-            # the optimizer step, including the wait for DDP's gradient all-reduce, which blocks
-            # the compute stream at the end of backward (not separable on one stream: counted
-            # as compute, once); then the model average. The host stamps above time launches.
-            compute, after = self._clock.seconds([[(marks[0], marks[1])], [(marks[1], marks[2])]])
-            wall = compute + after  # so compute <= wall, as on a CPU
-            if synced:
-                avg_dur = after
-            else:
-                compute = wall
-        self.timeline.append({
+        wall = end - start  # on CUDA the events' times replace these (`_read_events`): the
+        row = {  # host stamps time kernel launches there
+
             "step": t, "rank": self.rank, "start": start, "end": end, "wall_s": wall,
             "compute_s": compute, "stall_s": stall,
             "grad_level": glevel, "grad_arrive": grad_arrive,
@@ -311,17 +330,20 @@ class DDPEngine:
             "grad_bytes": hook.bytes,
             # on CUDA: the sync's duration on this rank from events (split_waiting's rule);
             # the gradient all-reduce is inside compute there, so it has none
-            "clock": "events" if gpu else "host", "grad_dur_s": None, "avg_dur_s": avg_dur,
+            "clock": "events" if gpu else "host", "grad_dur_s": None, "avg_dur_s": None,
             "avg_level": level, "avg_arrive": opt_end if synced else None,
             "avg_end": end if synced else None,
             "avg_bytes": self._avg_bytes if level is not None else 0,
             "outer": bool(action.outer),
-        })
+        }
+        self._timeline.append(row)
+        if gpu:  # read at the record (or whenever the timeline is), not now: no wait per update
+            self._unread.append((row, marks, synced))
         loss = loss.detach().reshape(1)
         if stats is not None:
             c = count_correct(out, y, 1)
             stats["correct"] = c.reshape(1) if c is not None else None
-            stats["compute_seconds"] = Deferred(lambda: [compute])
+            stats["compute_seconds"] = Deferred(lambda: self._compute_seconds(row))
         return (read_step(loss, stats) if sync else loss), action
 
     @torch.no_grad()

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localsgd.models import ResNetCifar, WideResNet, _BasicBlock, _WideBlock
+from localsgd.models import ResNetCifar, WideResNet
 
 __all__ = ["logits", "supports"]
 
@@ -74,7 +74,7 @@ class _Packed:
         return out if fc.bias is None else out + self.p["fc.bias"][:, None]
 
 
-def _resnet_block(pk: _Packed, m: _BasicBlock, name: str, h: torch.Tensor) -> torch.Tensor:
+def _resnet_block(pk: _Packed, m: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
     out = F.relu(pk.bn(m.bn1, f"{name}.bn1", pk.conv(m.conv1, f"{name}.conv1", h)))
     out = pk.bn(m.bn2, f"{name}.bn2", pk.conv(m.conv2, f"{name}.conv2", out))
     if m.stride != 1 or m.extra:  # option A, per replica: zero channels around each one's own
@@ -82,7 +82,7 @@ def _resnet_block(pk: _Packed, m: _BasicBlock, name: str, h: torch.Tensor) -> to
     return F.relu(out + h)
 
 
-def _wide_block(pk: _Packed, m: _WideBlock, name: str, h: torch.Tensor) -> torch.Tensor:
+def _wide_block(pk: _Packed, m: nn.Module, name: str, h: torch.Tensor) -> torch.Tensor:
     a = F.relu(pk.bn(m.bn1, f"{name}.bn1", h))
     out = F.relu(pk.bn(m.bn2, f"{name}.bn2", pk.conv(m.conv1, f"{name}.conv1", a)))
     out = pk.conv(m.conv2, f"{name}.conv2", out)
