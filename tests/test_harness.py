@@ -45,7 +45,9 @@ def test_papermill_parses_every_parameter(nb_id):
 @pytest.mark.parametrize("mode", h.MODES)
 def test_every_params_yaml_uses_only_defined_parameters(mode):
     specs = h.plan(NOTEBOOKS, mode)  # raises HarnessError naming any unknown key
-    assert [s.id for s in specs] == IDS
+    # a partial mode (converged) is in the notebooks that have its file
+    assert [s.id for s in specs] == [i for i in IDS if mode not in h.PARTIAL_MODES
+                                     or (NOTEBOOKS / "params" / i / f"{mode}.yaml").exists()]
 
 
 def test_no_stray_params_folders():

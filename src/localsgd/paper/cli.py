@@ -217,6 +217,24 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+# training images/s of converged mode's proxy (ResNet-20 at width 0.5, CIFAR-10, K = 4,
+# B_loc = 128, two host threads) measured on the 2-core AMD EPYC the project develops on
+CONVERGED_IMAGES_PER_S = 2060.0
+
+
+def _converged_estimate(args: argparse.Namespace, ids: list[str], sets: dict) -> str:
+    """What ``--mode converged`` will train, and about how long on a 2-core CPU."""
+    from localsgd.paper import gpu_plan
+
+    items = gpu_plan.paper_items(args.notebooks, ids, "converged", sets)
+    images = sum(i.runs * i.updates * i.images_per_update for i in items)
+    runs = sum(i.runs for i in items)
+    hours = images / CONVERGED_IMAGES_PER_S / 3600
+    return (f"converged mode: {runs} runs, {images:,} training images: about {hours:.1f} h at "
+            f"{CONVERGED_IMAGES_PER_S:,.0f} images/s (the proxy on 2 CPU cores; cached runs are "
+            "not repeated, a slower machine takes longer)")
+
+
 def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
              sets: dict[str, Any]) -> int:
     """``reproduce --mode paper --dry-run N`` (`localsgd.paper.dry_run`)."""
@@ -308,14 +326,18 @@ def _reproduce(args: argparse.Namespace) -> int:
         return _dry_run(args, h, specs, reference.parent, sets)
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: must be at least 1")
-    out_dir = (args.out_dir or reference.parent).resolve()
-    if sets and out_dir == reference.parent.resolve():
+    # converged mode's results live apart (figures/converged/): never mixed with quick's
+    out_dir = (args.out_dir or (reference.parent / "converged" if args.mode == "converged"
+                                else reference.parent)).resolve()
+    if sets and out_dir in (reference.parent.resolve(), (reference.parent / "converged").resolve()):
         # figures/ holds what the mode's parameter files give; a changed parameter goes elsewhere
         raise ValueError("--set changes a notebook's parameters: give --out-dir (e.g. "
                          "build/try) so that figures/ keeps the mode's own results")
     probe_s, committed = None, {}
     if reference.is_file():
         committed = json.loads(reference.read_text()).get("notebook_seconds", {})
+    if args.mode == "converged":  # the estimate first: hours of CPU
+        print(_converged_estimate(args, [s.id for s in specs], sets), flush=True)
     if args.mode == "quick":  # smoke runs take seconds: no estimate
         probe_s = speed.probe()
         est = speed.estimate(reference, [s.id for s in specs], probe_s, jobs=args.jobs,
@@ -340,8 +362,10 @@ def _reproduce(args: argparse.Namespace) -> int:
                               {r.id: round(r.seconds, 1) for r in results},
                               jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
-    if not args.no_report and papers.is_dir():
-        print(f"report: {write_report(papers, out_dir)}")
+    if not args.no_report and papers.is_dir():  # converged runs are a section of figures/'s
+        report_dir = reference.parent if out_dir == (reference.parent / "converged").resolve() \
+            else out_dir
+        print(f"report: {write_report(papers, report_dir)}")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
     return _exit_code(results)

@@ -16,9 +16,9 @@ parameters. ``check(...)`` checks named values directly::
     check(mode=mode, Hs=Hs, epsilon=epsilon)
 
 A bad value raises ``ParameterError`` naming the parameter, the value and what is allowed, e.g.
-``ParameterError: mode = 'fast' is not allowed; expected one of 'smoke', 'quick', 'paper'``. In
-Jupyter (and in papermill's error report) that is the whole message: the exception renders itself
-as one line instead of a traceback through the library. The rules live in ``RULES``, keyed by
+``ParameterError: mode = 'fast' is not allowed; expected one of 'smoke', 'quick', 'paper',
+'converged'``. In Jupyter (and in papermill's error report) that is the whole message: the
+exception renders itself as one line instead of a traceback through the library. The rules live in ``RULES``, keyed by
 parameter name, so every notebook that uses a name gets the same check; a notebook-specific
 parameter passes its own rule with ``check(rules={"name": one_of(...)}, name=value)``.
 """
@@ -33,7 +33,7 @@ import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-MODES = ("smoke", "quick", "paper")  # the harness's modes (reproduce.MODES; kept import-light)
+MODES = ("smoke", "quick", "paper", "converged")  # reproduce.MODES (kept import-light)
 
 
 class ParameterError(ValueError):
@@ -341,7 +341,8 @@ class Session:
 
     ``nb = notebook.Session(P)`` right after ``P = notebook.params(globals())``; ``nb.seeds`` are
     ``seed, seed + 1, ... seed + n_seeds - 1`` (``[seed]`` without ``n_seeds``), ``nb.scale`` is
-    "full" in paper mode and "reduced" otherwise (``scale=`` overrides it, e.g. "model" for a
+    "full" in paper mode, "converged" in converged mode (a small proxy trained to its plateau
+    with the paper's protocol) and "reduced" otherwise (``scale=`` overrides it, e.g. "model" for a
     timing-model prediction); ``nb.save(...)`` writes the figure, the data it plots, the compare
     rows and the provenance (every parameter plus ``extra``) with the notebook's wall time.
     """
@@ -351,7 +352,7 @@ class Session:
 
         self.P, self._clock = P, time.perf_counter
         self.t0 = self._clock()
-        self.scale = scale or ("full" if P.mode == "paper" else "reduced")
+        self.scale = scale or {"paper": "full", "converged": "converged"}.get(P.mode, "reduced")
         n = getattr(P, "n_seeds", 1)
         self.seeds = list(range(P.seed, P.seed + n)) if hasattr(P, "seed") else []
 

@@ -37,6 +37,11 @@ STATUS_NONE = "not yet"
 STATUS_SETTING = "setting"
 STATUSES = (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE, STATUS_REDUCED, STATUS_MODEL,
             STATUS_SMOKE, STATUS_NONE)
+# converged mode's runs (figures/converged/): a small proxy trained to its plateau with the
+# paper's protocol on a CPU; reported in their own section and rows, never joined with the
+# quick or paper numbers of the same cell
+CONVERGED_DIR = "converged"
+CONVERGED_LABEL = "converged proxy"
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
 SIG_FIGS = 4  # numbers in the report and the README table
 
@@ -379,7 +384,8 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
 
 def _scale_label(row: pd.Series) -> str:
     scale, mode = row.get("scale"), row.get("mode")
-    label = {"full": "full", "reduced": "reduced", "model": "model"}.get(scale, str(scale))
+    label = {"full": "full", "reduced": "reduced", "model": "model",
+             "converged": CONVERGED_LABEL}.get(scale, str(scale))
     return f"{label} ({mode} mode)" if mode == "paper" else label
 
 
@@ -397,20 +403,32 @@ def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     return rows[[c for c in cols if c in rows.columns]].rename(columns={"value": "ours"})
 
 
+def converged_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
+    """`claims` of converged mode's runs alone (``figures/converged/``; empty without them)."""
+    folder = Path(figures_dir) / CONVERGED_DIR
+    if not any(folder.glob("*.compare.csv")):
+        return claims(pd.DataFrame())
+    return claims(joined(papers_dir, folder))
+
+
 def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """README's table: claim · ours · scale · verdict, short cells. Every claim a notebook
-    tested, every artifact whose numbers are compared at full scale without a claim, and the
-    project's own checks."""
+    tested (a converged proxy's verdict right below the same claim's quick one), every
+    artifact whose numbers are compared at full scale without a claim, and the project's own
+    checks."""
     table = joined(papers_dir, figures_dir)
     rows = []
     tested = claims(table)
+    converged = converged_claims(papers_dir, figures_dir)
     for source, part in table.groupby("source", sort=False):
         label = SOURCE_LABELS.get(source, source)
         for artifact, group in part.groupby("artifact", sort=False):
-            for _, c in tested[(tested["source"] == label)
-                               & (tested["artifact"] == artifact)].iterrows():
-                rows.append({"claim": f"{label}, {artifact}: {_short(c['claim'])}",
-                             "ours": c["ours"], "scale": c["scale"], "verdict": c["verdict"]})
+            for found in (tested, converged):
+                for _, c in found[(found["source"] == label)
+                                  & (found["artifact"] == artifact)].iterrows():
+                    rows.append({"claim": f"{label}, {artifact}: {_short(c['claim'])}",
+                                 "ours": c["ours"], "scale": c["scale"],
+                                 "verdict": c["verdict"]})
             done = group[group["status"].isin([STATUS_FULL, STATUS_DIFFERS])
                          & ~group["setting row"]
                          & (group["verdict"].isna() | (group["verdict"].astype(str) == ""))]
@@ -556,6 +574,19 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
                   "", "Verdicts in full:", ""]
         lines += [f"- **{c.source}, {c.artifact}** ({c.claim}): {c.detail}"
                   for c in tested.itertuples(index=False)]
+        lines += [""]
+    conv = converged_claims(papers_dir, figures_dir)
+    if len(conv):
+        lines += [f"## Claims tested by the {CONVERGED_LABEL} (converged mode)", "",
+                  ("`localsgd reproduce --mode converged`: a small model trained to its plateau "
+                   "on a CPU with the source's protocol (full training set, warm-up, step "
+                   "decays, three seeds; model width and epochs in each row's note, "
+                   f"`figures/{CONVERGED_DIR}/`). Kept apart from the rows above: a proxy's "
+                   "verdict speaks about the proxy."), "",
+                  _md_table(conv[["source", "artifact", "claim", "ours", "verdict"]].rename(
+                      columns={"verdict": "outcome"})), "", "Verdicts in full:", ""]
+        lines += [f"- **{c.source}, {c.artifact}** ({c.claim}): {c.detail}"
+                  for c in conv.itertuples(index=False)]
         lines += [""]
     own = own_claims(papers_dir, figures_dir)
     if len(own):

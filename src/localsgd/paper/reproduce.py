@@ -26,7 +26,9 @@ from tqdm.auto import tqdm
 from localsgd.paper import profile as profile_mod
 from localsgd.paper.notebook import HEADLESS_ENV, ParameterError
 
-MODES = ("smoke", "quick", "paper")
+MODES = ("smoke", "quick", "paper", "converged")
+# modes only some notebooks have (a params file): run without --only, they select those
+PARTIAL_MODES = ("converged",)
 # Notebooks whose results are measured times (time axes from measured compute, timed launches,
 # step-time benchmarks): under ``--jobs`` they still run one at a time with every core, since
 # a notebook running beside them would slow them unevenly (two vCPUs are often one core's
@@ -171,7 +173,9 @@ def plan(notebooks_dir: Path, mode: str, only: list[str] | None = None,
     if mode not in MODES:
         raise HarnessError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     available = discover(notebooks_dir)
-    ids = list(only) if only else list(available)
+    ids = list(only) if only else [
+        i for i, path in available.items() if mode not in PARTIAL_MODES
+        or (path.parent / "params" / i / f"{mode}.yaml").exists()]
     unknown = [i for i in ids if i not in available]
     if unknown:
         raise HarnessError(f"unknown notebook id(s) {', '.join(map(repr, unknown))}; "

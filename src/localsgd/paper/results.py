@@ -28,7 +28,9 @@ from localsgd.paper import dry_run
 from localsgd.paths import atomic_path  # re-exported: results.atomic_path is public
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
-SCALES = ("full", "reduced", "model")  # model: a prediction of the timing model, not a run
+# model: a prediction of the timing model, not a run; converged: converged mode's small proxy
+# trained to its plateau with the source's protocol
+SCALES = ("full", "reduced", "model", "converged")
 _VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "matplotlib",
               "seaborn", "papermill")
 

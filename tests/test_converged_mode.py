@@ -1,0 +1,63 @@
+"""`localsgd reproduce --mode converged` at smoke size, so the mode cannot rot: the same notebook
+code and parameter file with tiny data (``--set``), the estimate printed first, results in their
+own folder with scale "converged", and the report's converged section and README rows built from
+them, apart from the quick rows of the same cell."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from localsgd.paper import report
+from localsgd.paper import reproduce as h
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = REPO / "notebooks"
+LOCALSGD = Path(sys.executable).parent / "localsgd"
+
+
+def test_without_only_the_mode_selects_the_notebooks_that_have_it():
+    ids = [s.id for s in h.plan(NOTEBOOKS, "converged")]
+    assert "table05_models" in ids
+    assert ids == [i for i in h.discover(NOTEBOOKS)
+                   if (NOTEBOOKS / "params" / i / "converged.yaml").exists()]
+
+
+def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
+    out = tmp_path / "figures" / "converged"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", "table05_models",
+         *[a for kv in ("n_train=64", "n_test=32", "B_loc=8", "epochs=1.0", "widths=[0.25]",
+                        "n_seeds=2", "warmup_epochs=0.1") for a in ("--set", kv)],
+         "--out-dir", str(out),
+         "--build-dir", str(tmp_path / "build"), "--no-report"],
+        capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("converged mode: "))
+    assert lines[first].startswith("converged mode: 4 runs, 256 training images"), proc.stdout
+    assert not any("table05_models" in line for line in lines[:first])  # printed before a run
+    side = json.loads((out / "table05_models.json").read_text())
+    assert side["mode"] == "converged" and side["scale"] == "converged"
+    compare = pd.read_csv(out / "table05_models.compare.csv")
+    assert set(compare["scale"]) == {"converged"}
+    assert compare["verdict"].notna().any()  # H = 8 vs H = 1 over 2 seeds
+
+    # the report: a section of its own, and the README row below the quick one of the claim
+    figures = tmp_path / "figures"
+    for f in REPO.glob("figures/table05_models.*"):
+        shutil.copy(f, figures / f.name)
+    text = report.render(REPO / "papers", figures)
+    assert "## Claims tested by the converged proxy (converged mode)" in text
+    table = report.results_table(REPO / "papers", figures)
+    table5 = table[table["claim"].str.contains("Table 5:")]
+    assert list(table5["scale"]) == ["reduced", report.CONVERGED_LABEL]
+    # the main tables never see the converged rows
+    assert (report.load_ours(figures)["mode"] != "converged").all()
