@@ -30,13 +30,13 @@ def test_without_only_the_mode_selects_the_notebooks_that_have_it():
 
 
 def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
-    out = tmp_path / "figures" / "converged"
+    out = tmp_path / "figures" / "converged"  # --out-dir figures: the mode writes below it
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(
         [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", "table05_models",
          *[a for kv in ("n_train=64", "n_test=32", "B_loc=8", "epochs=1.0", "widths=[0.25]",
                         "n_seeds=2", "warmup_epochs=0.1") for a in ("--set", kv)],
-         "--out-dir", str(out),
+         "--out-dir", str(out.parent),
          "--build-dir", str(tmp_path / "build"), "--no-report"],
         capture_output=True, text=True, env=env, timeout=900, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -104,3 +104,40 @@ def test_the_compiled_packed_forward_equals_the_eager_one():
         BatchedReplicaEngine(lambda: build_model("resnet20", width=0.25),
                              SyncSchedule(Topology.from_paper(2, 1)),
                              lambda ps: torch.optim.SGD(ps, lr=0.1), packed=False, compile=True)
+
+
+def test_a_fallback_to_the_sequential_engine_records_that_nothing_was_packed(monkeypatch):
+    # 'auto' chose the batched (packed) engine and its K replicas do not fit the GPU
+    import types
+
+    from localsgd import train as loop
+    from localsgd.train_config import TrainConfig
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1, 1))
+
+    def check(cfg, num_classes, shape, free):
+        if cfg.batched:
+            raise ValueError("does not fit")
+
+    monkeypatch.setattr(loop, "check_replica_memory", check)
+    source = types.SimpleNamespace(train_x=torch.zeros(1, 3, 8, 8), num_classes=10)
+    asked = TrainConfig(dataset="synthetic", world_size=2)
+    ran = loop._fit_on_gpu(
+        TrainConfig(dataset="synthetic", world_size=2, batched=True, packed=True), source,
+        torch.device("cuda"), asked)
+    assert ran.batched is False and ran.packed is False
+
+
+def test_each_batchnorm_keeps_its_own_mode_when_packed():
+    # a model whose first BatchNorm is frozen in eval mode: its running stats stay put
+    engine = BatchedReplicaEngine(lambda: build_model("resnet20", width=0.25).double(),
+                                  SyncSchedule(Topology.from_paper(2, 1)),
+                                  lambda ps: torch.optim.SGD(ps, lr=0.1), packed=True)
+    engine._template.bn1.eval()
+    before = engine.buffers["bn1.running_mean"].clone()
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((2, 4, 3, 8, 8), generator=g, dtype=torch.float64)
+    packing.logits(engine._template, engine.params, engine.buffers, x)
+    assert torch.equal(engine.buffers["bn1.running_mean"], before)
+    assert not torch.equal(engine.buffers["blocks.0.bn1.running_mean"],
+                           torch.zeros_like(engine.buffers["blocks.0.bn1.running_mean"]))

@@ -121,8 +121,10 @@ def use_packed(cfg: TrainConfig, device: torch.device) -> bool:
     itself, or for 'auto': yes on CUDA where the model supports it (`localsgd.engines.packed`)."""
     if cfg.packed != "auto":
         return bool(cfg.packed)
-    return device.type == "cuda" and packing.supports(
-        models_mod.build_model(cfg.model, width=cfg.width))
+    if device.type != "cuda":
+        return False
+    with torch.device("meta"):  # the model's structure only: no memory, no init cost
+        return packing.supports(models_mod.build_model(cfg.model, width=cfg.width))
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
@@ -422,7 +424,7 @@ def _fit_on_gpu(cfg: TrainConfig, source: MemoryBatches | StreamedBatches,
         if not (asked is not None and asked.batched == "auto" and cfg.batched):
             raise
         # 'auto' chose the batched engine, whose K replicas' activations do not fit at once
-        cfg = dataclasses.replace(cfg, batched=False)
+        cfg = dataclasses.replace(cfg, batched=False, packed=False)
         print(f"batched replicas of {cfg.model} do not fit: running them one after another")
         check_replica_memory(cfg, source.num_classes, shape, free)
     return cfg

@@ -4,12 +4,14 @@ convolution with ``groups * K`` groups, every BatchNorm over ``K * C`` channels.
 Activations are ``[B, K * C, H, W]``: channels ``k*C .. (k+1)*C - 1`` belong to replica k, so a
 grouped convolution is K independent convolutions, a BatchNorm over ``K * C`` channels is K
 independent BatchNorms (statistics per channel over batch and space), and element-wise ops and
-pooling never mix replicas. The packed weights are reshapes (views) of the batched engine's
-``[K, *shape]`` parameter stacks, so gradients land in the same ``[K, n]`` stack the averagers
-and the optimizer use. Same computation as `torch.vmap` over the replicas (equal in float64,
-tests/test_packed.py), but cuDNN sees one grouped convolution in the GPU's preferred layout
-instead of vmap's transposes around it: on an H100, ResNet-20 with K = 16, B_loc = 128 trains at
-0.96x the images/s of one model at batch 2,048, vmap at 0.63x (figures/gpu/h100/packed.json).
+pooling never mix replicas. The packed weights are reshapes of the batched engine's
+``[K, *shape]`` parameter stacks (copies: each stack is a strided column block of the ``[K, n]``
+flat buffer), so gradients flow back into the same stack the averagers and the optimizer use.
+Same computation as `torch.vmap` over the replicas (equal in float32/float64,
+tests/test_packed.py; under bf16 autocast BatchNorm's input stays bf16 here, float32 in the
+vmap), but cuDNN sees one grouped convolution in the GPU's preferred layout instead of vmap's
+transposes around it: on an H100, ResNet-20 with K = 16, B_loc = 128 trains at 0.96x the
+images/s of one model at batch 2,048, vmap at 0.63x (figures/gpu/h100/packed.json).
 
 Only the models below are packed (`supports`); the channel-dimension ops of other models
 (DenseNet's concatenations, torchvision's ResNet-50) would mix replicas if packed blindly.
@@ -41,8 +43,8 @@ class _Packed:
     """The packed ops over one model's stacked parameters and buffers (names as the model's)."""
 
     def __init__(self, k: int, params: dict[str, torch.Tensor],
-                 buffers: dict[str, torch.Tensor], training: bool):
-        self.k, self.p, self.b, self.training = k, params, buffers, training
+                 buffers: dict[str, torch.Tensor]):
+        self.k, self.p, self.b = k, params, buffers
 
     def conv(self, m: nn.Conv2d, name: str, h: torch.Tensor) -> torch.Tensor:
         w = self.p[f"{name}.weight"]  # [K, C_out, C_in / groups, kh, kw]
@@ -52,11 +54,12 @@ class _Packed:
 
     def bn(self, m: nn.BatchNorm2d, name: str, h: torch.Tensor) -> torch.Tensor:
         # running stats: views of the contiguous [K, C] stacks, updated in place
+        training = m.training  # each BatchNorm's own mode, as the vmapped module honours it
         out = F.batch_norm(h, self.b[f"{name}.running_mean"].view(-1),
                            self.b[f"{name}.running_var"].view(-1),
                            self.p[f"{name}.weight"].reshape(-1), self.p[f"{name}.bias"].reshape(-1),
-                           self.training, m.momentum, m.eps)
-        if self.training:
+                           training, m.momentum, m.eps)
+        if training:
             self.b[f"{name}.num_batches_tracked"].add_(1)  # as nn.BatchNorm2d counts
         return out
 
@@ -97,7 +100,7 @@ def logits(model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str,
     parameters ``params[name][k]`` and buffers ``buffers[name][k]`` (running statistics are
     updated in place in train mode). ``memory_format``: the packed activations' layout."""
     k, b = x.shape[0], x.shape[1]
-    pk = _Packed(k, params, buffers, model.training)
+    pk = _Packed(k, params, buffers)
     h = x.transpose(0, 1).reshape(b, -1, *x.shape[3:]).contiguous(memory_format=memory_format)
     if isinstance(model, ResNetCifar):
         h = F.relu(pk.bn(model.bn1, "bn1", pk.conv(model.conv1, "conv1", h)))

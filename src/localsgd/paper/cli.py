@@ -217,8 +217,9 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-# training images/s of converged mode's proxy (ResNet-20 at width 0.5, CIFAR-10, K = 4,
-# B_loc = 128, two host threads) measured on the 2-core AMD EPYC the project develops on
+# training images/s of converged mode's proxy (ResNet-20 at width 0.5, all of CIFAR-10,
+# B_loc = 128, two host threads; measured at K = 4) on the 2-core AMD EPYC the project
+# develops on
 CONVERGED_IMAGES_PER_S = 2060.0
 
 
@@ -314,8 +315,9 @@ def _reproduce(args: argparse.Namespace) -> int:
         if gpu not in known:
             raise ValueError(f"--gpu {gpu!r}: no throughput for it; known: {', '.join(known)}")
         mode = "paper" if args.mode == "quick" and "--mode" not in sys.argv else args.mode
-        h.plan(args.notebooks, mode, args.only, sets)  # unknown ids / modes: the harness's errors
-        print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, args.only, mode, sets),
+        # unknown ids / modes: the harness's errors; a partial mode plans its own notebooks
+        ids = [s.id for s in h.plan(args.notebooks, mode, args.only, sets)]
+        print(gpu_plan.plan(gpu_plan.paper_items(args.notebooks, ids, mode, sets),
                             gpu, table).format())
         return 0
     specs = h.plan(args.notebooks, args.mode, args.only, sets)
@@ -326,10 +328,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         return _dry_run(args, h, specs, reference.parent, sets)
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: must be at least 1")
-    # converged mode's results live apart (figures/converged/): never mixed with quick's
-    out_dir = (args.out_dir or (reference.parent / "converged" if args.mode == "converged"
-                                else reference.parent)).resolve()
-    if sets and out_dir in (reference.parent.resolve(), (reference.parent / "converged").resolve()):
+    # converged mode's results live apart (<out-dir>/converged/, figures/converged/ by
+    # default): the report built in <out-dir> gives them their own section and rows
+    base_dir = (args.out_dir or reference.parent).resolve()
+    out_dir = base_dir / "converged" if args.mode == "converged" else base_dir
+    if sets and base_dir == reference.parent.resolve():
         # figures/ holds what the mode's parameter files give; a changed parameter goes elsewhere
         raise ValueError("--set changes a notebook's parameters: give --out-dir (e.g. "
                          "build/try) so that figures/ keeps the mode's own results")
@@ -362,10 +365,8 @@ def _reproduce(args: argparse.Namespace) -> int:
                               {r.id: round(r.seconds, 1) for r in results},
                               jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
-    if not args.no_report and papers.is_dir():  # converged runs are a section of figures/'s
-        report_dir = reference.parent if out_dir == (reference.parent / "converged").resolve() \
-            else out_dir
-        print(f"report: {write_report(papers, report_dir)}")
+    if not args.no_report and papers.is_dir():  # converged runs: a section of base_dir's
+        print(f"report: {write_report(papers, base_dir)}")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
     return _exit_code(results)
