@@ -139,3 +139,16 @@ def test_blog_configurations_nest():
         name = re.search(r"HSGD ([\d,-]+)", scheme).group(1)
         spelled = ",".join(f"{int(p)}-{int(s)}" for p, s in zip(periods, sizes))
         assert spelled == name, f"{scheme}: rows spell {spelled}"
+
+
+def test_readers_texts_cite_sources_not_work_items_or_internal_files():
+    # README, docs, notes, notebooks and their parameter files speak to readers: a source by
+    # its title and section, never a work item ("issue 20") or a development file name
+
+    root = Path(__file__).resolve().parents[1]
+    bad = re.compile(r"\b[Ii]ssues? #?\d+\b|shared/seeds|\b\d{3}_[0-9a-f]{16}\.txt\b")
+    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("papers/*/notes.md"),
+             *root.glob("notebooks/*.ipynb"), *root.glob("notebooks/params/*/*.yaml")]
+    found = [f"{p.relative_to(root)}: {m.group()}" for p in files
+             for m in bad.finditer(p.read_text())]
+    assert not found, found
