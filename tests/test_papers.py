@@ -144,7 +144,6 @@ def test_blog_configurations_nest():
 def test_readers_texts_cite_sources_not_work_items_or_internal_files():
     # README, docs, notes, notebooks and their parameter files speak to readers: a source by
     # its title and section, never a work item ("issue 20") or a development file name
-
     root = Path(__file__).resolve().parents[1]
     bad = re.compile(r"\b[Ii]ssues? #?\d+\b|shared/seeds|\b\d{3}_[0-9a-f]{16}\.txt\b")
     files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("papers/*/notes.md"),
