@@ -81,3 +81,27 @@ def test_a_deterministic_value_within_its_resolution_is_inconclusive():
     assert near.outcome == INCONCLUSIVE and "resolution" in near.reason
     assert verdict(1.7, 2.0, deterministic=True, resolution=0.2).outcome == NOT_HELD
     assert verdict(2.3, 2.0, deterministic=True, resolution=0.2).outcome == "held"
+
+
+def test_three_seeds_straddling_the_threshold_stay_inconclusive():
+    # the mean on the held side, one seed across: the spread decides nothing
+    v = c.verdict([1.4, 1.5, 0.9], 1.0)
+    assert v.mean > 1.0 and v.outcome == c.INCONCLUSIVE and v.seeds == 3
+    # all three on one side but the mean within one sd of the threshold: still inconclusive
+    assert c.verdict([1.02, 1.05, 1.9], 1.0).outcome == c.INCONCLUSIVE
+    assert c.verdict([1.5, 1.6, 1.7], 1.0).outcome == c.HELD
+
+
+def test_not_testable_and_model_disagrees_say_what_they_rest_on():
+    v = c.not_testable("no 300-epoch tail: the runs stop at 2 epochs", what="final gap")
+    assert v.outcome == c.NOT_TESTABLE and "300-epoch" in str(v)
+    assert c.model_disagrees(2.2, 2.0, 2.5) is None  # inside the source's range
+    m = c.model_disagrees(1.7, 2.0, 2.5, what="speed-up", unit="x")
+    assert m.outcome == c.MODEL_DISAGREES and "below the source's 2-2.5x" in str(m)
+    held = c.verdict([2.0, 2.1], 1.0)
+    assert c.combine([held, m]) == c.MODEL_DISAGREES
+    assert c.combine([v, v]) == c.NOT_TESTABLE
+    assert c.combine([held, v]) == c.INCONCLUSIVE
+    assert set(c.MEANING) == set(c.OUTCOMES)
+    row = c.claim_row("Figure 6", "x", "y", 1.0, claim="claim", verdict=v)
+    assert row["verdict"].startswith(c.NOT_TESTABLE + ":")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from localsgd.paper.experiments.claims import OUTCOMES
+from localsgd.paper.experiments.claims import MEANING, OUTCOMES
 from localsgd.paper.results import write_text
 
 REPORTED_COLUMNS = ["artifact", "setting", "metric", "value", "unit", "note"]
@@ -558,6 +558,11 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         "",
         (f"Our numbers are rounded to {SIG_FIGS} significant figures (the sources' as "
          "printed); a min/max pair of the same setting is one row (and one result)."),
+        "",
+        ("What a claim's verdict says (one rule for every notebook: "
+         "`localsgd.paper.experiments.claims`):"),
+        "",
+        *[f"- **{outcome}**: {MEANING[outcome]}." for outcome in OUTCOMES],
         "",
         "## Figures",
         "",

@@ -18,6 +18,13 @@ notebook computes the quantity (a paired difference where the claim compares two
   inconclusive, as a seed spread straddling it would be.
 * ``data unavailable`` when the data set is not on this machine (never replaced by another);
   ``not measurable`` when no value is finite (e.g. no run reached the target accuracy).
+* ``not testable at this scale`` (`not_testable`) when the mechanism the claim rests on is
+  absent by construction at the scale that ran (named in the reason), whatever the numbers;
+  ``model disagrees with the source`` (`model_disagrees`) when the timing model, predicting the
+  source's own setting, lands outside the source's number or range: a statement about the
+  model, not a failed experiment.
+
+`MEANING` says each outcome in one line (REPORT's legend).
 
 `claim_row` builds the comparison row a notebook hands to `localsgd.paper.results.save_figure`, so
 that every row of every notebook has the same columns and no ``nan`` reaches a verdict.
@@ -38,7 +45,22 @@ NOT_HELD = "did not hold"
 INCONCLUSIVE = "inconclusive at this scale"
 UNAVAILABLE = "data unavailable"
 NOT_MEASURABLE = "not measurable"
-OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, UNAVAILABLE, NOT_MEASURABLE)
+NOT_TESTABLE = "not testable at this scale"
+MODEL_DISAGREES = "model disagrees with the source"
+OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, NOT_TESTABLE, MODEL_DISAGREES, UNAVAILABLE,
+            NOT_MEASURABLE)
+MEANING = {
+    HELD: "the tested quantity lies on the claim's side of its threshold, outside the spread "
+          "over seeds (or rounds)",
+    NOT_HELD: "the tested quantity lies on the other side, outside the spread",
+    INCONCLUSIVE: "the threshold lies within the spread, or one seed gives no spread to judge by",
+    NOT_TESTABLE: "the mechanism the claim rests on is absent by construction at the scale that "
+                  "ran (the verdict names it)",
+    MODEL_DISAGREES: "the timing model's prediction for the source's own setting lies outside "
+                     "the source's number: about the model, not an experiment",
+    UNAVAILABLE: "the data set is not on this machine (never substituted)",
+    NOT_MEASURABLE: "no finite value (e.g. no run reached the target)",
+}
 
 
 @dataclass(frozen=True)
@@ -97,17 +119,42 @@ def verdict(values: Sequence[float] | float, threshold: float, *, higher_is_bett
                    f"{spread}, claim {claim}: the threshold lies within the seed spread")
 
 
+def not_testable(mechanism: str, *, what: str = "value") -> Verdict:
+    """The claim cannot be tested at the scale that ran: ``mechanism`` says what is absent
+    (e.g. "no 300-epoch tail: the runs stop at 2 epochs")."""
+    return Verdict(NOT_TESTABLE, math.nan, math.nan, 0, f"{what}: {mechanism}")
+
+
+def model_disagrees(predicted: float, low: float, high: float | None = None, *,
+                    what: str = "value", unit: str = "") -> Verdict | None:
+    """``model disagrees with the source`` when the model's ``predicted`` value for the
+    source's own setting lies outside the source's ``[low, high]`` (``high`` defaults to
+    ``low``: one number); None when it lies inside (the caller's own verdict stands)."""
+    high = low if high is None else high
+    if low <= predicted <= high:
+        return None
+    side = "below" if predicted < low else "above"
+    source = f"{low:g}{unit}" if high == low else f"{low:g}-{high:g}{unit}"
+    return Verdict(MODEL_DISAGREES, float(predicted), 0.0, 0,
+                   f"{what} predicted {predicted:.3g}{unit}, {side} the source's {source}")
+
+
 def combine(verdicts: Sequence[Verdict]) -> str:
     """One outcome for a claim made of several parts (e.g. one per model): held only if every
-    decided part held; did not hold if any part did not; otherwise inconclusive (or unavailable /
-    not measurable when no part could be judged)."""
+    decided part held; did not hold if any part did not; the model disagrees if any part's
+    model does; otherwise inconclusive (or not testable / unavailable / not measurable when no
+    part could be judged)."""
     outcomes = [v.outcome for v in verdicts]
     if NOT_HELD in outcomes:
         return NOT_HELD
     if outcomes and all(o == HELD for o in outcomes):
         return HELD
+    if MODEL_DISAGREES in outcomes:
+        return MODEL_DISAGREES
     if INCONCLUSIVE in outcomes or HELD in outcomes:
         return INCONCLUSIVE
+    if outcomes and all(o == NOT_TESTABLE for o in outcomes):
+        return NOT_TESTABLE
     if outcomes and all(o == UNAVAILABLE for o in outcomes):
         return UNAVAILABLE
     return NOT_MEASURABLE if outcomes else UNAVAILABLE
