@@ -32,11 +32,9 @@ import contextlib
 import dataclasses
 import math
 import signal
-import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +51,10 @@ from localsgd import numerics
 from localsgd.batch_sources import (
     MemoryBatches,
     StreamedBatches,
-    combine_eval,
     evaluate,
     load_dataset,
 )
-from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, load_checkpoint, save_checkpoint
+from localsgd.checkpoint import load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
 from localsgd.engines import packed as packing
 from localsgd.engines.ddp import DDPEngine
@@ -66,12 +63,11 @@ from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import SyncSchedule
 from localsgd.train_config import TrainConfig
+from localsgd.train_state import LOOP_PHASES, Run, Totals
 
-__all__ = ["ENGINES", "RunLimit", "TrainConfig", "build_engine", "evaluate", "load_dataset",
-           "lr_schedule", "train"]
+__all__ = ["ENGINES", "LOOP_PHASES", "RunLimit", "TrainConfig", "build_engine", "evaluate",
+           "load_dataset", "lr_schedule", "train"]
 
-# the loop's phases, in seconds, that `train` reports to ``on_phases``
-LOOP_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,75 +239,6 @@ def run_device(cfg: TrainConfig) -> torch.device:
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Totals:
-    """Cumulative counters of a run (saved in checkpoints)."""
-
-    compute_seconds: float = 0.0
-    data_seconds: float = 0.0
-    sync: list[int] = field(default_factory=list)
-    gradsync: list[int] = field(default_factory=list)
-    gossip: int = 0  # SGP push-sum rounds
-    outer: int = 0  # outer steps (block momentum, SlowMo)
-    # this process's workers over the current epoch, combined across processes at each record
-    step_seconds: list[list[float]] = field(default_factory=list)
-    loss_sum: float = 0.0
-    correct: int = 0
-    seen: int = 0
-
-
-class _Unread:
-    """Updates whose losses, hit counts and event timings are still on the device: read
-    together once per record (`settle`), so an update makes no host synchronisation on CUDA."""
-
-    def __init__(self):
-        self.rows: list[tuple[torch.Tensor, torch.Tensor | None, Any, float, float | None]] = []
-
-    def add(self, losses: torch.Tensor, stats: dict, step_s: float) -> None:
-        """One update: `Engine.step(..., sync=False)`'s losses and stats, its host seconds."""
-        # with host threads the workers' spans overlap: the profile counts their wall time
-        self.rows.append((losses, stats["correct"], stats["compute_seconds"], step_s,
-                          stats.get("compute_wall_seconds")))
-
-    def settle(self, tot: _Totals, phases: dict[str, float], images: int, workers: int,
-               also: torch.Tensor | None = None) -> list[float]:
-        """Add the unread updates to ``tot`` and ``phases``: one host read for all their losses
-        and hits (Python sums in update order, as a per-update read would give), then their
-        timings; ``images`` per worker and update, ``workers`` in this process. ``also``: more
-        device values (a record's evaluation sums) read in the same host read; returned
-        flattened, as float64."""
-        extra = [] if also is None else [also.detach().flatten().double()]
-        if not self.rows:
-            return torch.cat(extra).tolist() if extra else []
-        t_wait = time.perf_counter()
-        rows = [torch.cat([lo.double(), (c if c is not None else torch.zeros_like(lo)).double()])
-                for lo, c, *_ in self.rows]
-        width = rows[0].numel()
-        flat = torch.cat([*rows, *extra]).tolist()  # the one host read
-        values = [flat[i:i + width] for i in range(0, width * len(rows), width)]
-        # new totals first, assigned together: a second Ctrl-C in here cannot count twice
-        loss_sum, correct, seen = tot.loss_sum, tot.correct, tot.seen
-        step_seconds = [list(times) for times in tot.step_seconds]
-        compute, engine = phases["compute"], phases["engine"]
-        for row, (_, _, seconds, step_s, busy) in zip(values, self.rows, strict=True):
-            n = len(row) // 2
-            loss_sum += sum(row[:n]) * images
-            correct += int(sum(row[n:]))
-            seen += workers * images
-            per_worker = seconds.get()
-            for times, sec in zip(step_seconds, per_worker, strict=True):
-                times.append(sec)
-            busy = busy if busy is not None else sum(per_worker)
-            compute += busy
-            engine += step_s - busy  # the host's time beyond the device's work
-        self.rows.clear()
-        tot.loss_sum, tot.correct, tot.seen, tot.step_seconds = loss_sum, correct, seen, \
-            step_seconds
-        phases["compute"] = compute
-        phases["engine"] = engine + time.perf_counter() - t_wait  # + the wait for the device
-        return flat[width * len(rows):]
-
-
 @contextlib.contextmanager
 def _deferred_interrupt():
     """Turn the first Ctrl-C into a flag checked between updates, so a checkpoint never holds a
@@ -431,7 +358,7 @@ def _fit_on_gpu(cfg: TrainConfig, source: MemoryBatches | StreamedBatches,
 
 
 def _resume(state: dict, engine: Engine, cfg: TrainConfig, asked: TrainConfig | None,
-            checkpoint_path: Any) -> tuple[list[dict], _Totals]:
+            checkpoint_path: Any) -> tuple[list[dict], Totals]:
     """Load a checkpoint's ``state`` into ``engine``; its records and totals. Fails in one line
     when 'auto' would now choose the other replica engine than the one that wrote it."""
     ran = state.get("ran", {})  # what 'auto' chose when the checkpoint was written
@@ -443,7 +370,7 @@ def _resume(state: dict, engine: Engine, cfg: TrainConfig, asked: TrainConfig | 
             f"(batched: {asked.batched if asked else cfg.batched!r}); resume with "
             f"batched={ran['batched']}")
     engine.load_state_dict(state["engine"])
-    return list(state["records"]), _Totals(**state["totals"])
+    return list(state["records"]), Totals(**state["totals"])
 
 
 def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkpoint_path,
@@ -451,144 +378,60 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
            on_phases, asked: TrainConfig | None = None) -> pd.DataFrame:
     """`train`'s body, with torch's threads already set for ``threads`` (0: left alone)."""
     t_start = time.perf_counter()
-    precision = cfg.precision  # resolved by train()
-    numerics.apply_numerics(precision, cfg.deterministic, device)
-    layout = numerics.memory_format(cfg.memory_format, device)  # of every image batch
+    numerics.apply_numerics(cfg.precision, cfg.deterministic, device)  # resolved by train()
     ds = dataset if dataset is not None else load_dataset(cfg)
     source = (StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
               else MemoryBatches(ds, cfg, device))
-    n_train = source.n_train
-    steps_per_epoch, total = _steps(cfg, n_train)
+    steps_per_epoch, total = _steps(cfg, source.n_train)
     if limit is not None:
         total = min(total, limit.updates)
         source.eval_limit = limit.eval_images
     if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
         cfg = _fit_on_gpu(cfg, source, device, asked)
-    engine = (engine(cfg, n_train, source.num_classes) if engine is not None
-              else build_engine(cfg, n_train, source.num_classes, threads=max(1, threads)))
-    topo, k, b = cfg.topology(), cfg.world_size, cfg.local_batch
-    dtype = getattr(torch, cfg.dtype)
-    ranks = engine.local_ranks  # the workers this process runs (all K in the replica engine)
-    # this process's evaluation shard: (0, 1) in the replica engine, (rank, K) under torchrun
-    shard = (ranks[0] // len(ranks), engine.world_size // len(ranks))
-    multi = ranks != list(range(engine.world_size))  # one worker per process: per-rank files
-    per_rank = RankCheckpoints(checkpoint_path, engine) if multi and checkpoint_path else None
-
-    records: list[dict] = []
-    phases = dict.fromkeys(LOOP_PHASES, 0.0)  # where the time went: on_phases
-    tot = _Totals(sync=[0] * topo.num_levels, gradsync=[0] * topo.num_levels,
-                  step_seconds=[[] for _ in ranks])
+    engine = (engine(cfg, source.n_train, source.num_classes) if engine is not None
+              else build_engine(cfg, source.n_train, source.num_classes, threads=max(1, threads)))
+    run = Run(cfg, asked, engine, source, device,
+               numerics.memory_format(cfg.memory_format, device), threads, checkpoint_path)
     state = None
-    if per_rank is not None and resume:
-        state = per_rank.load_latest(asked or cfg)
+    if run.per_rank is not None and resume:
+        state = run.per_rank.load_latest(asked or cfg)
     elif checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
         state = load_checkpoint(checkpoint_path, asked or cfg)
     if state is not None:
-        records, tot = _resume(state, engine, cfg, asked, checkpoint_path)
-        if ranks[0] == 0:  # a resumed run says so, once: it never silently restarts
+        run.records, run.tot = _resume(state, engine, cfg, asked, checkpoint_path)
+        if run.ranks[0] == 0:  # a resumed run says so, once: it never silently restarts
             print(f"resumed from update {engine.t} of {total} (checkpoint in "
                   f"{Path(checkpoint_path).parent})", flush=True)
-
-    unread = _Unread()
-
-    def settle(also: torch.Tensor | None = None) -> list[float]:
-        return unread.settle(tot, phases, images=b, workers=len(ranks), also=also)
-
-    def snapshot() -> dict:
-        settle()
-        return {"format": CHECKPOINT_FORMAT, "config": (asked or cfg).to_dict(),
-                "ran": {"batched": cfg.batched, "precision": cfg.precision},
-                "engine": engine.state_dict(),
-                "records": records, "totals": dataclasses.asdict(tot)}
-
-    def checkpoint() -> None:
-        if per_rank is not None:
-            per_rank.save(snapshot(), engine.t)
-        else:
-            save_checkpoint(checkpoint_path, snapshot())
-
-    def record(t: int) -> None:
-        t_eval = time.perf_counter()
-        # each process evaluates its shard of the test batches (under torchrun: 1/K each); its
-        # sums are read with the unread updates' in one host read (on CUDA, the device's
-        # evaluation time lands in the engine phase's wait)
-        pending = source.eval_sums(engine.averaged_model(), layout, max(1, threads), shard)
-        phases["evaluate"] += time.perf_counter() - t_eval
-        mine = pending.read(settle(pending.sums))
-        acc, loss = combine_eval(engine.all_gather_object(mine))
-        # the median worker of every step (mean of the middle two for even K), as if the K
-        # workers ran in parallel; the median, not the slowest, keeps CPU scheduling noise out
-        per_worker = [w for proc in engine.all_gather_object(tot.step_seconds) for w in proc]
-        if per_worker and per_worker[0]:  # in Python: host numbers need no tensor (or read)
-            tot.compute_seconds += sum(statistics.median(step) for step in zip(*per_worker))
-        loss_sum, correct, seen = (sum(v) for v in zip(
-            *engine.all_gather_object((tot.loss_sum, tot.correct, tot.seen)), strict=True))
-        row = {
-            "epoch": t * k * b / n_train, "step": t, "lr_last": engine.current_lr(),
-            "train_loss": loss_sum / max(seen, 1), "train_acc": 100.0 * correct / max(seen, 1),
-            "test_loss": loss, "test_acc": acc,
-            "compute_seconds": tot.compute_seconds, "data_seconds": tot.data_seconds,
-            "param_bytes": engine.param_bytes, "train_images": n_train,
-            "test_images": source.test_images,
-        }
-        for i, level in enumerate(topo.levels):
-            row.update({f"group_l{i}": level.group_size, f"sync_l{i}": tot.sync[i],
-                        f"gradsync_l{i}": tot.gradsync[i]})
-        row.update({"gossip_rounds": tot.gossip, "outer_steps": tot.outer})
-        records.append(row)
-        tot.loss_sum, tot.correct, tot.seen = 0.0, 0, 0
-        tot.step_seconds = [[] for _ in ranks]
 
     partition_epoch, parts = -1, None
     # updates into an epoch at which a record is taken (0: the epoch's end)
     per = min(cfg.records_per_epoch, steps_per_epoch)
     marks = {round(i * steps_per_epoch / per) % steps_per_epoch for i in range(1, per + 1)}
-    bar = tqdm(total=total, initial=engine.t, disable=not progress or ranks[0] != 0, leave=False,
-               desc=f"{cfg.model} K={k} H={cfg.local_steps} B={b}",
-               mininterval=2.0)  # a refresh is an output line in an executed notebook
+    bar = tqdm(total=total, initial=engine.t, disable=not progress or run.ranks[0] != 0,
+               leave=False, desc=f"{cfg.model} K={cfg.world_size} H={cfg.local_steps} "
+               f"B={cfg.local_batch}", mininterval=2.0)  # a refresh: a line in a notebook
     t_loop, t0_updates = time.perf_counter(), engine.t
-    phases["setup"] = t_loop - t_start
+    run.phases["setup"] = t_loop - t_start
     with _deferred_interrupt() as interrupt:
         try:
             while engine.t < total:
-                t = engine.t  # completed updates; this step is update t + 1
-                epoch, pos = divmod(t, steps_per_epoch)
+                epoch, pos = divmod(engine.t, steps_per_epoch)  # this step is update t + 1
                 if epoch != partition_epoch:
-                    parts = data_mod.partition(n_train, k, epoch, cfg.seed)
+                    parts = data_mod.partition(source.n_train, cfg.world_size, epoch, cfg.seed)
                     partition_epoch = epoch
-                t0 = time.perf_counter()
-                batches = [(x.to(dtype, memory_format=layout), y) for x, y in
-                           source.batches(parts, epoch, pos, ranks, engine.generators, b)]
-                if limit is not None and limit.batch is not None:
-                    batches = [(x[:limit.batch], y[:limit.batch]) for x, y in batches]
-                t1 = time.perf_counter()
-                tot.data_seconds += t1 - t0
-                phases["data"] += t1 - t0
-                stats: dict = {}
-                # bf16 autocast around the whole step: it only changes the forward's matmuls and
-                # convolutions (backward follows their dtypes; SGD and averaging stay float32)
-                with numerics.autocast(precision, device):
-                    losses, action = engine.step(batches, nn.functional.cross_entropy,
-                                                 stats=stats, sync=False)
-                unread.add(losses, stats, time.perf_counter() - t1)
-                if action.level is not None:
-                    tot.sync[action.level] += 1
-                if action.allreduce_grads_level is not None:
-                    tot.gradsync[action.allreduce_grads_level] += 1
-                tot.gossip += bool(action.gossip)
-                tot.outer += bool(action.outer)
+                run.update(parts, epoch, pos, limit)
                 bar.update(1)
                 if engine.t % steps_per_epoch in marks or engine.t == total:
-                    record(engine.t)
-                    bar.set_postfix(train_acc=f"{records[-1]['train_acc']:.1f}",
-                                    test_acc=f"{records[-1]['test_acc']:.1f}")
+                    run.record(engine.t)
+                    bar.set_postfix(train_acc=f"{run.records[-1]['train_acc']:.1f}",
+                                    test_acc=f"{run.records[-1]['test_acc']:.1f}")
                     epochs_done, partial = divmod(engine.t, steps_per_epoch)
                     if (checkpoint_path is not None and checkpoint_every and not partial
                             and epochs_done % checkpoint_every == 0):
-                        checkpoint()
+                        run.checkpoint()
                 if (checkpoint_path is not None and checkpoint_every_steps
                         and engine.t % checkpoint_every_steps == 0):
-                    checkpoint()
+                    run.checkpoint()
                 if on_step is not None:
                     on_step(engine.t)
                 if interrupt["set"]:
@@ -596,27 +439,13 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
         except KeyboardInterrupt:
             # one worker per process: the others may be at another step or gone, so no
             # consistent snapshot can be taken now; the last periodic one is the resume point
-            if checkpoint_path is not None and not multi:
-                save_checkpoint(checkpoint_path, snapshot())
+            if checkpoint_path is not None and not run.multi:
+                save_checkpoint(checkpoint_path, run.snapshot())
                 print(f"interrupted at update {engine.t}/{total}: checkpoint saved to "
                       f"{checkpoint_path}; run again with the same config to resume")
             raise
         finally:
             bar.close()
             if on_phases is not None:
-                with contextlib.suppress(Exception):  # the loop's own error is the one to see
-                    settle()  # updates since the last record, when the loop ended early
-                phases["loop"] = (time.perf_counter() - t_loop
-                                  - sum(phases[p] for p in ("data", "compute", "engine",
-                                                            "evaluate")))
-                on_phases({"first_rank": ranks[0], "torchrun": multi,
-                           "updates": engine.t - t0_updates, "model": cfg.model,
-                           "world_size": k, **phases})
-    df = pd.DataFrame(records)
-    clash = set(df.columns) & set(cfg.to_dict())
-    assert not clash, f"record columns {clash} would be overwritten by config fields"
-    for key, value in cfg.to_dict().items():
-        df[key] = str(value) if isinstance(value, tuple | list) else value
-    df["world_size"] = k
-    df["wall_seconds"] = time.perf_counter() - t_start
-    return df
+                run.report_phases(on_phases, t_loop, engine.t - t0_updates)
+    return run.frame(t_start)
