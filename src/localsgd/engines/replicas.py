@@ -36,7 +36,6 @@ from torch import nn
 from torch.func import functional_call, stack_module_state
 
 from localsgd import gossip as gossip_mod
-from localsgd.engines import packed as packing
 from localsgd.engines.common import (
     Batch,
     Deferred,
@@ -50,6 +49,8 @@ from localsgd.engines.common import (
     to_device,
     worker_generator,
 )
+from localsgd.engines.packed import logits as packed_logits
+from localsgd.engines.packed import supports as packable
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import Action, SyncDriver, SyncSchedule, Topology
 
@@ -651,19 +652,19 @@ class BatchedReplicaEngine(_Engine):
         _reject_dropout(self._template)
         if packed not in (True, False, "auto"):
             raise ValueError(f"packed={packed!r}: must be true, false or 'auto'")
-        if packed is True and not packing.supports(self._template):
+        if packed is True and not packable(self._template):
             raise ValueError(
                 f"packed=True: {type(self._template).__name__} cannot be packed into channel "
                 "groups (localsgd.engines.packed.supports); use packed=False (vmap) or 'auto'")
         self.packed = bool(packed is True or (packed == "auto" and self.device.type == "cuda"
-                                              and packing.supports(self._template)))
+                                              and packable(self._template)))
         if compile and not self.packed:
             raise ValueError("compile=True compiles the packed replicas' forward; this engine "
                              "runs the vmap (packed=False, or a model that cannot be packed)")
         template = self._template
 
         def logits(params, buffers, x, memory_format):
-            return packing.logits(template, params, buffers, x, memory_format)
+            return packed_logits(template, params, buffers, x, memory_format)
 
         # compiled: one graph of the K replicas' forward (its backward follows)
         self._packed_logits = torch.compile(logits) if compile else logits
