@@ -5,6 +5,7 @@ them, apart from the quick rows of the same cell."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from localsgd.paper import report
+from localsgd.paper import cli, report
 from localsgd.paper import reproduce as h
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,18 +33,36 @@ def test_without_only_the_mode_selects_the_notebooks_that_have_it():
 def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
     out = tmp_path / "figures" / "converged"  # --out-dir figures: the mode writes below it
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.run(
-        [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", "table05_models",
-         *[a for kv in ("n_train=64", "n_test=32", "B_loc=8", "epochs=1.0", "widths=[0.25]",
-                        "n_seeds=2", "warmup_epochs=0.1") for a in ("--set", kv)],
-         "--out-dir", str(out.parent),
-         "--build-dir", str(tmp_path / "build"), "--no-report"],
-        capture_output=True, text=True, env=env, timeout=900, check=False)
+    command = [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", "table05_models",
+               *[a for kv in ("n_train=64", "n_test=32", "B_loc=8", "epochs=1.0",
+                              "widths=[0.25]", "n_seeds=2", "warmup_epochs=0.1")
+                 for a in ("--set", kv)],
+               "--out-dir", str(out.parent), "--build-dir", str(tmp_path / "build"),
+               "--no-report"]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
+                          check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("converged mode: "))
-    assert lines[first].startswith("converged mode: 4 runs, 256 training images"), proc.stdout
+    assert lines[first].startswith("converged mode: 4 runs (0 more shared between notebooks), "
+                                   "0 of them cached; 4 to train, 256 training images"), lines
     assert not any("table05_models" in line for line in lines[:first])  # printed before a run
+    # progress per run on the console, from inside the kernel
+    assert "table05_models: run 1/4 (local_steps=1, seed=0) training" in lines, lines
+    done = [line for line in lines if " trained in " in line]
+    assert len(done) == 4 and done[-1].startswith("table05_models: run 4/4 (local_steps=8, "
+                                                  "seed=1) trained in "), lines
+    assert "test top-1" in done[-1]
+
+    # interrupted and run again: the cache holds every run, none is trained twice
+    again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
+                           check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    lines = again.stdout.splitlines()
+    assert any(line.startswith("converged mode: 4 runs (0 more shared between notebooks), 4 of "
+                               "them cached; 0 to train, 0 training images") for line in lines)
+    assert sum(" read from the cache" in line for line in lines) == 4, lines
+    assert not any(" trained in " in line for line in lines)
     side = json.loads((out / "table05_models.json").read_text())
     assert side["mode"] == "converged" and side["scale"] == "converged"
     compare = pd.read_csv(out / "table05_models.compare.csv")
@@ -61,3 +80,13 @@ def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
     assert list(table5["scale"]) == ["reduced", report.CONVERGED_LABEL]
     # the main tables never see the converged rows
     assert (report.load_ours(figures)["mode"] != "converged").all()
+
+
+def test_the_estimate_counts_a_run_two_notebooks_share_once(tmp_path, monkeypatch):
+    # Figure 6's converged H = 1 and H = 8 runs are Table 5's (the same TrainConfig): 9 runs
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path))
+    args = argparse.Namespace(notebooks=NOTEBOOKS)
+    ids = ["fig06_cifar10_local_sgd", "table05_models"]
+    text = cli._converged_estimate(args, ids, {})
+    assert text.startswith("converged mode: 9 runs (6 more shared between notebooks), 0 of them "
+                           "cached; 9 to train, 8,999,424 training images"), text

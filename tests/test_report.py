@@ -89,6 +89,29 @@ def test_statuses_settings_and_needs(folders):
     assert table.loc[("Table 1", "B_glob=4096", "test top-1"), "needs"] == report.NEED_GRID
 
 
+def test_an_absolute_tolerance_decides_where_it_and_the_relative_one_disagree(tmp_path):
+    papers, figs = tmp_path / "papers", tmp_path / "figures"
+    _reported(papers, [
+        ("Table 5", "H=8 vs H=1", "test top-1 gap", -0.02, "points", ""),
+        ("Table 4", "model=ResNet-20", "parameters", 100.0, "thousand", ""),
+        ("Table 4", "model=VGG-16", "parameters", 100.0, "thousand", "")])
+    _compare(figs, "t", [
+        # a gap near zero: 50 % off by ratio, 0.01 points by difference -> reproduced
+        {"artifact": "Table 5", "setting": "H=8 vs H=1", "metric": "test top-1 gap",
+         "value": -0.03, "abs_tol": 0.05},
+        # 4 % off: within the default relative 5 %, outside an absolute 1 -> differs
+        {"artifact": "Table 4", "setting": "model=ResNet-20", "metric": "parameters",
+         "value": 104.0, "abs_tol": 1.0},
+        # no absolute tolerance: the relative rule alone
+        {"artifact": "Table 4", "setting": "model=VGG-16", "metric": "parameters",
+         "value": 104.0}], scale="full")
+    table = report.joined(papers, figs).set_index("setting")
+    assert table.loc["H=8 vs H=1", "status"] == report.STATUS_FULL
+    assert table.loc["model=ResNet-20", "status"] == report.STATUS_DIFFERS
+    assert table.loc["model=VGG-16", "status"] == report.STATUS_FULL
+    assert not report.agrees(0.0, 0.02) and report.agrees(0.0, 0.02, abs_tol=0.02)
+
+
 def test_summary_counts_results_and_settings_apart(folders):
     counts = dict(report.summary(report.joined(*folders)).values.tolist())
     assert counts[report.STATUS_FULL] == 1 and counts[report.STATUS_DIFFERS] == 1

@@ -149,6 +149,35 @@ def test_code_hash_changes_with_any_source_file(tmp_path):
     assert code_hash(package) not in (before, edited)  # so does a rename
 
 
+def test_training_runs_are_keyed_by_the_library_wing_alone(tmp_path, monkeypatch):
+    import shutil
+
+    package = tmp_path / "localsgd"
+    shutil.copytree(Path(results.__file__).parents[1], package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    code_hash = results.code_hash.__wrapped__
+    whole, library = code_hash(package), code_hash(package, skip=("paper",))
+    assert library == results.library_code_hash()
+    plot = package / "paper" / "report.py"  # the reproduction wing: plots, claims, harness
+    plot.write_text(plot.read_text() + "\n# a new label\n")
+    assert code_hash(package) != whole  # its own results (convex figures) are recomputed
+    assert code_hash(package, skip=("paper",)) == library  # hours of training runs are kept
+    loop = package / "train.py"
+    loop.write_text(loop.read_text() + "\n# a change to the loop\n")
+    assert code_hash(package, skip=("paper",)) != library
+    # grid.run_cached stores and finds a run under the library hash
+    from localsgd.paper.experiments import grid
+    from localsgd.train import TrainConfig
+
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache"))
+    cfg = TrainConfig(n_train=8)
+    assert not grid.is_cached(cfg)
+    entry = results.cache_entry("train", grid.cache_key(cfg), code=results.library_code_hash())
+    results.write_csv(pd.DataFrame({"test_acc": [10.0]}), entry)
+    assert grid.is_cached(cfg)
+    assert grid.run_cached(cfg).test_acc.tolist() == [10.0]  # served, not trained
+
+
 def test_a_code_change_recomputes_the_cache(tmp_path, monkeypatch):
     calls = []
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,8 +294,9 @@ def _seeds(p: dict) -> list[int]:
 
 
 def _fig06(p):
-    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
-    return [dataclasses.replace(base, local_steps=h, seed=s) for h in p["Hs"] for s in _seeds(p)]
+    from localsgd.paper.experiments import lin2020
+
+    return lin2020.fig06_configs(types.SimpleNamespace(**p), _seeds(p))
 
 
 def _fig07(p):
@@ -341,14 +343,12 @@ def _table03(p):
 
 
 def _table05(p):
-    from localsgd.train import TrainConfig
+    from localsgd.paper.experiments import grid, lin2020
 
-    return [TrainConfig(dataset=d, model=m, width=w, n_train=p["n_train"], n_test=p["n_test"],
-                        world_size=p["K"], local_batch=p["B_loc"], local_steps=h,
-                        epochs=p["epochs"], seed=s, scale_lr=p["tricks"],
-                        warmup_epochs=p["warmup_epochs"] if p["tricks"] else 0.0)
-            for d in p["datasets"] for m, w in zip(p["models"], p["widths"], strict=True)
-            for h in p["Hs"] for s in _seeds(p)]
+    every = dict.fromkeys(p["datasets"], "available")  # the plan assumes the data is there
+    return lin2020.table05_configs(grid.base_config(types.SimpleNamespace(**p)), every,
+                                   p["models"], p["widths"], p["Hs"], _seeds(p),
+                                   tricks=p["tricks"], warmup_epochs=p["warmup_epochs"])[0]
 
 
 def _table06_07(p):

@@ -120,8 +120,8 @@ def load_ours(figures_dir: Path) -> pd.DataFrame:
         (figures_dir / "paper").glob("*.compare.csv"))
     frames = [pd.read_csv(p, dtype={"setting": str, "metric": str}).assign(path=str(p))
               for p in paths]
-    cols = [*KEY, "value", "unit", "mode", "scale", "rel_tol", "figure", "claim", "verdict",
-            "path"]
+    cols = [*KEY, "value", "unit", "mode", "scale", "rel_tol", "abs_tol", "figure", "claim",
+            "verdict", "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     ours = pd.concat(frames, ignore_index=True)
@@ -153,10 +153,23 @@ def _status(row: pd.Series) -> str:
     ours, source = pd.to_numeric(row.get("ours"), errors="coerce"), row.get("value")
     if pd.isna(source) or pd.isna(ours):
         return STATUS_QUALITATIVE
-    tol = row.get("rel_tol")
-    tol = DEFAULT_REL_TOL if pd.isna(tol) else float(tol)
-    agree = ours == source or (source != 0 and abs(ours / source - 1) <= tol)
-    return STATUS_FULL if agree else STATUS_DIFFERS
+    return STATUS_FULL if agrees(ours, source, row.get("rel_tol"), row.get("abs_tol")) else \
+        STATUS_DIFFERS
+
+
+def agrees(ours: float, source: float, rel_tol: float | None = None,
+           abs_tol: float | None = None) -> bool:
+    """Whether a full-scale number reproduces the source's. A row's ``abs_tol`` (in the metric's
+    unit) decides where given: a quantity near zero (a gap, a difference) has no meaningful
+    ratio, so |ours − source| <= abs_tol even where the ratio is far from 1, and a larger gap
+    differs even where the ratio is close. Otherwise |ours / source − 1| <= ``rel_tol``
+    (`DEFAULT_REL_TOL` if unset)."""
+    if ours == source:
+        return True
+    if abs_tol is not None and not pd.isna(abs_tol):
+        return abs(ours - source) <= float(abs_tol)
+    tol = DEFAULT_REL_TOL if rel_tol is None or pd.isna(rel_tol) else float(rel_tol)
+    return source != 0 and abs(ours / source - 1) <= tol
 
 
 def needs(row: pd.Series, compared_artifacts: set[tuple[str, str]]) -> str:
@@ -176,7 +189,7 @@ def joined(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     ``ours / source`` (the plain ratio; the report shows it only where it means something)."""
     reported = load_reported(papers_dir)
     ours = load_ours(figures_dir).rename(columns={"value": "ours", "unit": "ours_unit"})
-    for col in ("rel_tol", "claim", "verdict"):
+    for col in ("rel_tol", "abs_tol", "claim", "verdict"):
         if col not in ours.columns:
             ours[col] = float("nan")
     reported["value"] = pd.to_numeric(reported["value"], errors="coerce")
@@ -538,7 +551,8 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         "What the statuses mean:",
         "",
         (f"- **{STATUS_FULL}**: our run used the source's configuration and agrees within "
-        f"{DEFAULT_REL_TOL:.0%} (or the row's own tolerance)."),
+        f"{DEFAULT_REL_TOL:.0%} (or the row's own tolerance; a row's absolute tolerance, for a "
+        "quantity near zero such as a gap, decides where it has one)."),
         (f"- **{STATUS_DIFFERS}**: same configuration, different number; a result, discussed in "
         "`papers/<source>/notes.md`."),
         ("- **counts** and **experiments** split both: a count is arithmetic on the model or the "

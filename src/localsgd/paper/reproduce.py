@@ -24,6 +24,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from localsgd.paper import profile as profile_mod
+from localsgd.paper import run_progress
 from localsgd.paper.notebook import HEADLESS_ENV, ParameterError
 
 MODES = ("smoke", "quick", "paper", "converged")
@@ -304,12 +305,14 @@ def cell_timeout() -> float | None:
 
 def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Path,
                  cwd: Path, kernel: str = "python3", sets: dict[str, Any] | None = None,
-                 overrides: dict[str, Any] | None = None, profiled: bool = False) -> RunResult:
+                 overrides: dict[str, Any] | None = None, profiled: bool = False,
+                 progress: bool = True) -> RunResult:
     """Execute one notebook with papermill; a failure is recorded, never raised. ``sets`` are
     the command line's parameters (``--set``; every name must be defined, `check_sets`);
     ``overrides`` set parameters the notebook defines (others are ignored), e.g. a dry run's
     device, after ``sets``; ``profiled`` collects where its time went (`localsgd.paper.profile`) into
-    ``RunResult.phases``."""
+    ``RunResult.phases``; ``progress`` prints a line per training run as it starts and ends
+    (`localsgd.paper.run_progress`)."""
     import papermill as pm  # deferred: a slow import, needed only to execute a notebook
 
     extra = {k: v for k, v in (overrides or {}).items() if k in spec.defined}
@@ -323,13 +326,18 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
         os.environ[profile_mod.ENV] = str(events)
     headless = os.environ.get(HEADLESS_ENV)
     os.environ[HEADLESS_ENV] = "1"  # the kernel inherits it: `notebook.headless()`
+    runs_file = build_dir / f"{spec.id}.{mode}.runs.jsonl"
+    runs_file.unlink(missing_ok=True)
+    os.environ[run_progress.ENV] = str(runs_file)
+    follower = run_progress.Follower(runs_file, spec.id, tqdm.write if progress else _quiet)
     t0 = time.perf_counter()
     status, error = "ok", ""
     try:
-        pm.execute_notebook(str(spec.path), str(executed), parameters=params, kernel_name=kernel,
-                            cwd=str(cwd), progress_bar=False, log_output=False,
-                            execution_timeout=cell_timeout(),
-                            kernel_manager_class=_kernel_manager_class())
+        with follower:
+            pm.execute_notebook(str(spec.path), str(executed), parameters=params, kernel_name=kernel,
+                                cwd=str(cwd), progress_bar=False, log_output=False,
+                                execution_timeout=cell_timeout(),
+                                kernel_manager_class=_kernel_manager_class())
     except pm.PapermillExecutionError as exc:
         status = "failed"
         # papermill's cell_index counts the injected-parameters cell; report the executed copy's
@@ -340,6 +348,7 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     except Exception as exc:  # noqa: BLE001 - a dead kernel or bad JSON must not stop the rest
         status, error = "failed", f"{type(exc).__name__}: {exc}"
     finally:
+        os.environ.pop(run_progress.ENV, None)
         if profiled:
             os.environ.pop(profile_mod.ENV, None)
         if headless is None:
@@ -354,6 +363,10 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     phases = (profile_mod.notebook_row(spec.id, seconds, executed,
                                        profile_mod.read_events(events)) if profiled else None)
     return RunResult(spec.id, mode, status, seconds, files, error, phases)
+
+
+def _quiet(line: str) -> None:
+    """`run_progress.Follower`'s sink when progress is off."""
 
 
 @functools.cache
@@ -405,7 +418,8 @@ def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path,
     notebook the same count. Results come back in ``specs`` order.
     """
     kwargs = {"mode": mode, "out_dir": out_dir, "build_dir": build_dir, "cwd": cwd,
-              "kernel": kernel, "sets": sets, "overrides": overrides, "profiled": profiled}
+              "kernel": kernel, "sets": sets, "overrides": overrides, "profiled": profiled,
+              "progress": progress}
     done: dict[str, RunResult] = {}
     for spec in specs:
         why = (skip or {}).get(spec.id) or skipped(spec, mode, sets, build_dir=build_dir)

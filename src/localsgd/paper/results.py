@@ -194,7 +194,7 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
             if col not in cmp.columns:
                 cmp[col] = ""
         # a row may carry its own scale (an exact quantity inside a reduced-scale figure) and
-        # rel_tol (how close to the source counts as reproduced; report.DEFAULT_REL_TOL if unset)
+        # rel_tol / abs_tol (how close to the source counts as reproduced; `report.agrees`)
         cmp["scale"] = cmp["scale"].fillna(scale) if "scale" in cmp.columns else scale
         bad = sorted(set(cmp["scale"]) - set(SCALES))
         if bad:
@@ -206,14 +206,25 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
 
 # --------------------------------------------------------------------------- cache
 @functools.cache
-def code_hash(package: Path | None = None) -> str:
+def code_hash(package: Path | None = None, *, skip: tuple[str, ...] = ()) -> str:
     """Hash of every ``.py`` file (names and contents) of ``package``, by default the installed
-    ``localsgd`` package (both wings: the library's loop and the reproduction's code)."""
+    ``localsgd`` package (both wings: the library's loop and the reproduction's code), less the
+    sub-packages named in ``skip``."""
     package = Path(__file__).resolve().parents[1] if package is None else Path(package)
     h = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
-        h.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+        rel = path.relative_to(package)
+        if rel.parts[0] in skip:
+            continue
+        h.update(str(rel).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def library_code_hash() -> str:
+    """`code_hash` of the library wing alone (the package less ``localsgd.paper``): what a
+    `localsgd.train.train` run's records depend on. Training runs are keyed by it, so that a
+    change to a plot, a claim or the harness does not throw away hours of converged runs."""
+    return code_hash(skip=("paper",))
 
 
 def params_hash(params: dict[str, Any]) -> str:
@@ -222,19 +233,29 @@ def params_hash(params: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def cache_entry(name: str, params: dict[str, Any], *, code: str | None = None,
+                cache_dir: str | os.PathLike | None = None) -> Path:
+    """The cache file `cached` reads and writes for ``name`` and ``params`` under the code
+    hash ``code`` (default: the whole package's, `code_hash`)."""
+    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir() / "results"
+    code = code_hash() if code is None else code
+    return folder / f"{name}-{params_hash({**params, '__code__': code})}.csv"
+
+
 def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame], *,
-           refresh: bool = False, cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
+           refresh: bool = False, code: str | None = None,
+           cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
     """Return ``compute()``'s DataFrame, reusing a stored copy for identical ``params``.
 
-    The entry is ``<cache_dir>/<name>-<hash of params and of the package's code>.csv`` with a ``.json`` of the parameters beside it;
-    both are written atomically, so an interrupted run never leaves a corrupt entry. A corrupt
-    entry found anyway (e.g. edited by hand) is recomputed, not trusted.
+    The entry is `cache_entry`: ``<cache_dir>/<name>-<hash of params and of the code>.csv``
+    with a ``.json`` of the parameters beside it. The code hash ``code`` defaults to the whole
+    package's (any change to it may change results; training runs pass `library_code_hash`).
+    Both files are written atomically, so an interrupted run never leaves a corrupt entry. A
+    corrupt entry found anyway (e.g. edited by hand) is recomputed, not trusted.
     """
     if dry_run.updates() is not None:  # a dry run's numbers are not results: never cached
         return compute()
-    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir() / "results"
-    # the package's code is part of the key: any change to it may change results
-    entry = folder / f"{name}-{params_hash({**params, '__code__': code_hash()})}.csv"
+    entry = cache_entry(name, params, code=code, cache_dir=cache_dir)
     if entry.exists() and not refresh:
         try:
             return pd.read_csv(entry)

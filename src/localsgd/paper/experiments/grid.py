@@ -10,6 +10,7 @@ H = 1…16 curves are Table 1's "local SGD w/o tricks" column) train it once.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -17,15 +18,17 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from localsgd import data
-from localsgd.paper import dry_run, profile, results
+from localsgd.paper import dry_run, profile, results, run_progress
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
 
 __all__ = [
     "WORK_KEYS",
     "base_config",
+    "cache_key",
     "dataset_available",
     "final_table",
+    "is_cached",
     "pool_compute",
     "run_cached",
     "run_grid",
@@ -43,15 +46,27 @@ _KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
                     "deterministic": False, "records_per_epoch": 1}
 
 
+def cache_key(cfg: TrainConfig) -> dict:
+    """The parameters a training run is cached under: ``cfg`` less the fields that do not
+    change its records (`_NOT_IN_CACHE_KEY`) and the late fields at their defaults."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
+            and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
+
+
+def is_cached(cfg: TrainConfig) -> bool:
+    """Whether `run_cached` would serve ``cfg`` from the results cache (no training)."""
+    return results.cache_entry("train", cache_key(cfg),
+                               code=results.library_code_hash()).exists()
+
+
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
     """`localsgd.train.train` through the results cache: identical configs (also across
-    notebooks) train once. Inside a dry run (`localsgd.paper.dry_run`) the run is cut short and not
-    cached; under ``localsgd reproduce --profile`` its phases are recorded."""
-    key = {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
-           and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
-    return results.cached("train", key, lambda: train(
+    notebooks) train once. The key holds the library wing's code (`results.library_code_hash`),
+    not the reproduction's. Inside a dry run (`localsgd.paper.dry_run`) the run is cut short and
+    not cached; under ``localsgd reproduce --profile`` its phases are recorded."""
+    return results.cached("train", cache_key(cfg), lambda: train(
         cfg, progress=progress, limit=dry_run.limit(), on_phases=profile.on_train_phases()),
-        refresh=refresh)
+        refresh=refresh, code=results.library_code_hash())
 
 
 # notebook parameter name -> TrainConfig field, for the names the deep-learning notebooks share
@@ -101,8 +116,16 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
     if labels is not None and len(labels) != len(configs):
         raise ValueError(f"got {len(labels)} labels for {len(configs)} configs")
     frames = []
+    apart = run_progress.varying(configs)  # what the harness's console names each run by
     for i, cfg in enumerate(tqdm(configs, desc="runs", disable=not progress)):
+        event = {"index": i + 1, "runs": len(configs), "cached": not refresh and is_cached(cfg),
+                 "what": run_progress.describe(cfg, apart)}
+        run_progress.record("run", **event)
+        t0 = time.perf_counter()
         df = run_cached(cfg, refresh=refresh, progress=progress).assign(run=i)
+        run_progress.record("run_done", **event, seconds=time.perf_counter() - t0,
+                            test_acc=float(df["test_acc"].iloc[-1]) if "test_acc" in df and len(df)
+                            else None)
         if labels is not None:
             df = df.assign(**labels[i])
         frames.append(df)
