@@ -23,6 +23,12 @@ NOTEBOOKS = REPO / "notebooks"
 LOCALSGD = Path(sys.executable).parent / "localsgd"
 
 
+def _outputs(executed: Path) -> str:
+    """Every stream output of an executed notebook, joined."""
+    cells = json.loads(executed.read_text())["cells"]
+    return "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
+
+
 def test_without_only_the_mode_selects_the_notebooks_that_have_it():
     ids = [s.id for s in h.plan(NOTEBOOKS, "converged")]
     assert "table05_models" in ids
@@ -53,6 +59,11 @@ def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
     assert len(done) == 4 and done[-1].startswith("table05_models: run 4/4 (local_steps=8, "
                                                   "seed=1) trained in "), lines
     assert "test top-1" in done[-1]
+    # the notebook itself says what it will train, and then how long the rest takes here
+    executed = tmp_path / "build" / "table05_models.converged.ipynb"
+    said = _outputs(executed)
+    assert "4 of 4 runs to train (256 training images)" in said, said
+    assert "run 1 of 4 trained in " in said and "; the rest (192 images) about " in said
 
     # interrupted and run again: the cache holds every run, none is trained twice
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
@@ -63,6 +74,7 @@ def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
                                "them cached; 0 to train, 0 training images") for line in lines)
     assert sum(" read from the cache" in line for line in lines) == 4, lines
     assert not any(" trained in " in line for line in lines)
+    assert "runs to train" not in _outputs(executed)
     side = json.loads((out / "table05_models.json").read_text())
     assert side["mode"] == "converged" and side["scale"] == "converged"
     compare = pd.read_csv(out / "table05_models.compare.csv")

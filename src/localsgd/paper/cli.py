@@ -217,27 +217,19 @@ def _train(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-# training images per second of wall time (evaluation each epoch included) of converged mode's
-# proxy: Table 5's ResNet-20 at width 0.5, K = 2, H = 1, B_loc = 128, all of CIFAR-10, two host
-# threads: 999,936 images in 791 s on the project's 2-core AMD EPYC (AVX2), 2026-11-26
-CONVERGED_IMAGES_PER_S = 1264.0
-
-
 def _converged_estimate(args: argparse.Namespace, ids: list[str], sets: dict) -> str:
     """What ``--mode converged`` will train, and about how long on a 2-core CPU: a run two
     notebooks share counts once, a run the results cache holds not at all."""
-    from localsgd.paper import gpu_plan
+    from localsgd.paper import gpu_plan, run_progress
     from localsgd.paper.experiments import grid
 
     items = gpu_plan.paper_items(args.notebooks, ids, "converged", sets)
     unique = {i.key: i for i in items}  # the cache trains a shared configuration once
     todo = [i for key, i in unique.items() if not grid.is_cached(key)]
     images = sum(i.runs * i.updates * i.images_per_update for i in todo)
-    hours = images / CONVERGED_IMAGES_PER_S / 3600
     return (f"converged mode: {len(unique)} runs ({len(items) - len(unique)} more shared between "
             f"notebooks), {len(unique) - len(todo)} of them cached; {len(todo)} to train, "
-            f"{images:,} training images: about {hours:.1f} h at {CONVERGED_IMAGES_PER_S:,.0f} "
-            "images/s (the proxy on 2 CPU cores; a slower machine takes longer)")
+            f"{images:,} training images: {run_progress.proxy_time(images)}")
 
 
 def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,

@@ -21,6 +21,27 @@ from localsgd.paths import append_event
 
 ENV = "LOCALSGD_RUN_PROGRESS"
 
+# training images per second of wall time (evaluation each epoch included) of converged mode's
+# proxy: Table 5's ResNet-20 at width 0.5, K = 2, H = 1, B_loc = 128, all of CIFAR-10, two host
+# threads: 999,936 images in 791 s on the project's 2-core AMD EPYC (AVX2), 2026-11-26
+CONVERGED_IMAGES_PER_S = 1264.0
+
+
+def proxy_time(images: int) -> str:
+    """About how long ``images`` training images of converged mode's proxy take on 2 CPU cores."""
+    hours = images / CONVERGED_IMAGES_PER_S / 3600
+    when = f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
+    return (f"about {when} at {CONVERGED_IMAGES_PER_S:,.0f} images/s (the converged proxy on 2 "
+            "CPU cores; a slower machine takes longer)")
+
+
+def remaining(seconds_so_far: float, images_done: int, images_left: int) -> str:
+    """The time the runs still to train take at the rate the trained ones had on this machine."""
+    if images_done <= 0 or images_left <= 0:
+        return ""
+    minutes = images_left * seconds_so_far / images_done / 60
+    return f"; the rest ({images_left:,} images) about {minutes:.0f} min at this machine's rate"
+
 
 def record(kind: str, **fields: Any) -> None:
     """Append one event ("run" at a run's start, "run_done" at its end) to the progress file,

@@ -117,19 +117,42 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
         raise ValueError(f"got {len(labels)} labels for {len(configs)} configs")
     frames = []
     apart = run_progress.varying(configs)  # what the harness's console names each run by
+    cached = [not refresh and is_cached(cfg) for cfg in configs]
+    images = [_training_images(cfg) for cfg in configs]
+    left = sum(n for n, c in zip(images, cached, strict=True) if not c)
+    if progress and left:
+        proxy = all(c or (cfg.model, cfg.width, cfg.device) == ("resnet20", 0.5, "cpu")
+                    for cfg, c in zip(configs, cached, strict=True))
+        print(f"{len(configs) - sum(cached)} of {len(configs)} runs to train ({left:,} training "
+              f"images)" + (f": {run_progress.proxy_time(left)}" if proxy else ""), flush=True)
+    spent, done = 0.0, 0
     for i, cfg in enumerate(tqdm(configs, desc="runs", disable=not progress)):
-        event = {"index": i + 1, "runs": len(configs), "cached": not refresh and is_cached(cfg),
+        event = {"index": i + 1, "runs": len(configs), "cached": cached[i],
                  "what": run_progress.describe(cfg, apart)}
         run_progress.record("run", **event)
         t0 = time.perf_counter()
         df = run_cached(cfg, refresh=refresh, progress=progress).assign(run=i)
-        run_progress.record("run_done", **event, seconds=time.perf_counter() - t0,
+        seconds = time.perf_counter() - t0
+        run_progress.record("run_done", **event, seconds=seconds,
                             test_acc=float(df["test_acc"].iloc[-1]) if "test_acc" in df and len(df)
                             else None)
+        if not cached[i]:
+            spent, done, left = spent + seconds, done + images[i], left - images[i]
+            if progress and left:
+                print(f"run {i + 1} of {len(configs)} trained in {seconds:.0f} s"
+                      + run_progress.remaining(spent, done, left), flush=True)
         if labels is not None:
             df = df.assign(**labels[i])
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
+
+
+def _training_images(cfg: TrainConfig) -> int:
+    """Training images a run of ``cfg`` processes: its updates (`localsgd.train`'s count,
+    floor(epochs × N / (K × B_loc))) × K × B_loc; 0 where N is unknown (a folder data set)."""
+    n = cfg.n_train or (data.CIFAR_COUNTS[0] if cfg.dataset in data.CIFAR_DATASETS else 0)
+    per_update = cfg.world_size * cfg.local_batch
+    return math.floor(cfg.epochs * n / per_update) * per_update
 
 
 # the config fields that set a worker's work per update (not H, K or the schedule)
