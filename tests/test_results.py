@@ -155,16 +155,29 @@ def test_training_runs_are_keyed_by_the_library_wing_alone(tmp_path, monkeypatch
     package = tmp_path / "localsgd"
     shutil.copytree(Path(results.__file__).parents[1], package,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    code_hash = results.code_hash.__wrapped__
-    whole, library = code_hash(package), code_hash(package, skip=("paper",))
+    library_hash = results.library_code_hash.__wrapped__  # uncached: the files change here
+    whole, library = results.code_hash.__wrapped__(package), library_hash(package)
     assert library == results.library_code_hash()
     plot = package / "paper" / "report.py"  # the reproduction wing: plots, claims, harness
-    plot.write_text(plot.read_text() + "\n# a new label\n")
-    assert code_hash(package) != whole  # its own results (convex figures) are recomputed
-    assert code_hash(package, skip=("paper",)) == library  # hours of training runs are kept
-    loop = package / "train.py"
-    loop.write_text(loop.read_text() + "\n# a change to the loop\n")
-    assert code_hash(package, skip=("paper",)) != library
+    plot.write_text(plot.read_text() + "\nLABEL = 'a new label'\n")
+    assert results.code_hash.__wrapped__(package) != whole  # its own (convex) results recompute
+    assert library_hash(package) == library  # hours of training runs are kept
+    # a comment, a docstring, or a definition moved to another module: the same definitions
+    lr = package / "lr.py"
+    text = lr.read_text()
+    first_doc = text.index('"""', text.index("def "))
+    lr.write_text(text[:first_doc + 3] + "Reworded. " + text[first_doc + 3:] + "\n# a comment\n")
+    assert library_hash(package) == library
+    moved = "\n\ndef _moved_helper(x):\n    return x + 1\n"
+    (package / "optim.py").write_text((package / "optim.py").read_text() + moved)
+    changed = library_hash(package)
+    assert changed != library  # a new definition
+    (package / "optim.py").write_text((package / "optim.py").read_text().replace(moved, ""))
+    (package / "gossip.py").write_text((package / "gossip.py").read_text() + moved)
+    assert library_hash(package) == changed  # the same definition elsewhere
+    loop = package / "train.py"  # a change to the loop's code
+    loop.write_text(loop.read_text().replace("math.floor(", "math.ceil(", 1))
+    assert library_hash(package) != changed
     # grid.run_cached stores and finds a run under the library hash
     from localsgd.paper.experiments import grid
     from localsgd.train import TrainConfig

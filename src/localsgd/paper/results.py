@@ -220,11 +220,52 @@ def code_hash(package: Path | None = None, *, skip: tuple[str, ...] = ()) -> str
     return h.hexdigest()[:16]
 
 
-def library_code_hash() -> str:
-    """`code_hash` of the library wing alone (the package less ``localsgd.paper``): what a
+@functools.cache
+def library_code_hash(package: Path | None = None) -> str:
+    """Hash of the library wing's definitions (the package less ``localsgd.paper``): what a
     `localsgd.train.train` run's records depend on. Training runs are keyed by it, so that a
-    change to a plot, a claim or the harness does not throw away hours of converged runs."""
-    return code_hash(skip=("paper",))
+    change to a plot, a claim or the harness does not throw away hours of converged runs.
+
+    It hashes the sorted set of top-level definitions and statements of every module as
+    `ast.dump` gives them, without docstrings, imports and ``__all__``: a change to any
+    definition's code changes it; moving definitions between modules, editing comments or
+    docstrings, or re-exporting names does not (`_definitions`)."""
+    package = Path(__file__).resolve().parents[1] if package is None else Path(package)
+    dumps = sorted(d for path in package.rglob("*.py")
+                   if path.relative_to(package).parts[0] != "paper"
+                   for d in _definitions(path))
+    h = hashlib.sha256()
+    for d in dumps:
+        h.update(d.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _definitions(path: Path) -> list[str]:
+    """`ast.dump` of each top-level statement of the module at ``path`` that is not an import,
+    the module docstring or ``__all__``, with every docstring inside removed."""
+    import ast
+
+    out = []
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_docstring(node):
+            continue
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and t.id == "__all__"
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                body = [n for n in inner.body[:1] if not _is_docstring(n)] + inner.body[1:]
+                inner.body = body or [ast.Pass()]
+        out.append(ast.dump(node))
+    return out
+
+
+def _is_docstring(node: object) -> bool:
+    import ast
+
+    return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str))
 
 
 def params_hash(params: dict[str, Any]) -> str:
