@@ -123,9 +123,14 @@ def t5(final: pd.DataFrame, status: dict | None = None, models=("resnet20", "wrn
 
 def test_table05_held_on_every_model_within_the_band():
     rows = t5(t5_final({"resnet20": [0.1, -0.1], "wrn28_10": [0.3, 0.2]}))
-    assert len(rows) == 4
+    assert len(rows) == 6  # 4 cells and 2 paired changes
     row = claimed(rows)
-    assert row["setting"] == "model=ResNet-20; dataset=CIFAR-10; K=2; H=8"
+    assert row["setting"] == "model=ResNet-20; dataset=CIFAR-10; K=2; H=8 vs H=1"
+    assert row["metric"] == "test top-1 change" and row["value"] == pytest.approx(0.0)
+    wrn = next(r for r in rows if r["setting"].startswith("model=WideResNet-28-10")
+               and r["metric"] == "test top-1 change")
+    assert wrn["value"] == pytest.approx(0.25) and wrn["unit"] == "points"
+    assert "paired by seed, sd=0.07 over 2 seed(s)" in wrn["note"]
     assert row["verdict"].startswith("held: |H=8 minus H=1| <= 1 point")
     assert "WideResNet-28-10/CIFAR-10: held, +0.25 points" in row["verdict"]
 
@@ -159,7 +164,8 @@ def test_table05_data_unavailable():
     final, _ = lin2020.table05_final(None)
     rows = t5(final, {"cifar10": "data unavailable", "cifar100": "data unavailable"})
     assert len(rows) == 1 and rows[0]["value"] is None
-    assert rows[0]["setting"] == "model=ResNet-20; dataset=CIFAR-10; K=2; H=8"
+    assert rows[0]["setting"] == "model=ResNet-20; dataset=CIFAR-10; K=2; H=8 vs H=1"
+    assert rows[0]["metric"] == "test top-1 change"
     assert rows[0]["verdict"].startswith(c.UNAVAILABLE)
 
 
@@ -177,7 +183,7 @@ def test_table05_keys_join_reported():
     final = pd.concat([t5_final({m: [0.0, 0.1] for m in models}, d)
                        for d in ("cifar10", "cifar100")])
     rows = t5(final, {"cifar10": "available", "cifar100": "available"}, models=models)
-    assert len(rows) == 12
+    assert len(rows) == 18  # 12 cells and 6 paired changes, each a reported row
     for row in rows:
         assert (row["artifact"], row["setting"], row["metric"]) in keys, row["setting"]
 

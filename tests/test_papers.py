@@ -76,7 +76,11 @@ def test_lin2020_table_cell_counts():
     assert counts["Table 2"] == 11  # H = 1 .. 1024
     assert counts["Table 3"] == 10 + 13  # sync counts + 15 accuracy cells minus 2 empty
     assert counts["Table 4"] == 21  # 7 models x 3 columns
-    assert counts["Table 5"] == 24  # 6 rows x 4 columns
+    assert counts["Table 5"] == 24 + 6  # 6 rows x 4 columns, + H=8 minus H=1 per row
+    derived = df[df.note.str.startswith("derived:")]
+    for _, row in derived.iterrows():  # each derived value is the difference it names
+        a, b = map(float, re.search(r"\(([\d.]+) - ([\d.]+)\)", row.note).groups())
+        assert float(row.value) == pytest.approx(a - b, abs=1e-9)
     assert (df.artifact == "Table 7").sum() == 6
 
 

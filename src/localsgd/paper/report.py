@@ -387,6 +387,10 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
             ours += f" top-1 at {cell}"  # which cell the number is
         elif ours:
             ours += f" ({metric})"  # what the number measures
+        source_values = pd.to_numeric(group.loc[~group["setting row"], "value"], errors="coerce")
+        if ours and len(vals) == 1 and len(source_values) == 1 and source_values.notna().all():
+            ours += f" · source {fmt_source(source_values.iloc[0])}" + (
+                {"%": " %", "x": "×"}.get(unit, f" {unit}") if unit else "")
         out.append({"source": SOURCE_LABELS.get(source, source), "artifact": artifact,
                     "claim": plain(claim), "ours": ours or "—",
                     "scale": _scale_label(group.iloc[0]),

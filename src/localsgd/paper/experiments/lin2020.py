@@ -585,9 +585,9 @@ def _part_text(label: str, outcome: str, v) -> str:
 
 
 def _with_claim(rows: list[dict], artifact: str, setting: str, claim: str,
-                verdict: str) -> list[dict]:
-    """``rows`` with ``claim``/``verdict`` on the row of ``setting`` (test top-1); a row without a
-    value is added when no run of that setting exists."""
+                verdict: str, metric: str = "test top-1", unit: str = "%") -> list[dict]:
+    """``rows`` with ``claim``/``verdict`` on the row of ``setting``; a row without a value
+    (``metric`` in ``unit``) is added when no run of that setting exists."""
 
     for i, row in enumerate(rows):
         if row["artifact"] == artifact and row["setting"] == setting:
@@ -595,7 +595,7 @@ def _with_claim(rows: list[dict], artifact: str, setting: str, claim: str,
             rows[i] = claims.claim_row(artifact, setting, row["metric"], row["value"], **keep,
                                        claim=claim, verdict=verdict)
             return rows
-    return [*rows, claims.claim_row(artifact, setting, "test top-1", None, unit="%",
+    return [*rows, claims.claim_row(artifact, setting, metric, None, unit=unit,
                                     note="no run of this setting", claim=claim,
                                     verdict=verdict)]
 
@@ -653,12 +653,14 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
     edges; did not hold only when the seeds lie beyond one edge (mean one sd past it);
     otherwise inconclusive. A data set that is not on this machine is a "data unavailable"
     part, so the claim cannot be held while its cells are untested. Needs H = 1 and 8 in
-    ``hs``; the claim sits on the first H = 8 row (ResNet-20 on CIFAR-10 in every mode).
+    ``hs``; each model and data set with both gets a row of the tested quantity, the mean
+    paired change "H=8 vs H=1" (the source's beside it: reported.csv derives it from Table 5's
+    two cells), and the claim sits on the first (ResNet-20 on CIFAR-10 in every mode).
     """
 
     table = final.groupby(TABLE05_BY)["test_acc"].agg(["mean", "std", "count"]).reset_index()
 
-    def setting(dataset: str, model: str, h: int) -> str:
+    def setting(dataset: str, model: str, h: int | str) -> str:
         return (f"model={TABLE05_MODELS[model]}; dataset={TABLE05_DATASETS[dataset]}; K={K}; "
                 f"H={h}")
 
@@ -680,6 +682,15 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
         for model in models:
             cell = {"dataset": dataset, "model_name": model}
             gaps = _gaps_by_seed(final, {**cell, "local_steps": 8}, {**cell, "local_steps": 1})
+            if gaps:  # the tested quantity, beside the source's (papers/.../reported.csv)
+                width = final.loc[(final.dataset == dataset) & (final.model_name == model),
+                                  "width"].iloc[0]
+                rows.append(claims.claim_row(
+                    "Table 5", setting(dataset, model, "8 vs H=1"), "test top-1 change",
+                    float(np.mean(gaps)), unit="points",
+                    note=f"{mode}: width {width}, paired by seed, sd="
+                         f"{np.std(gaps, ddof=1) if len(gaps) > 1 else 0.0:.2f} over "
+                         f"{len(gaps)} seed(s), {n_train or 50000} images, {epochs:g} epochs"))
             what = "H=8 minus H=1"
             band = [claims.verdict(gaps, -tolerance, what=what, unit=" points"),
                     claims.verdict(gaps, tolerance, higher_is_better=False, what=what,
@@ -688,13 +699,14 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
             undecided = [v for v in band if v.outcome not in (claims.HELD, claims.NOT_HELD)]
             texts.append(_part_text(f"{TABLE05_MODELS[model]}/{TABLE05_DATASETS[dataset]}",
                                     claims.combine(band), (undecided or band)[0]))
-            anchors.append(setting(dataset, model, 8))
+            anchors.append(setting(dataset, model, "8 vs H=1"))
     have = {r["setting"] for r in rows}
     anchor = next((a for a in anchors if a in have),
-                  setting(next(iter(status)), models[0], 8))
+                  setting(next(iter(status)), models[0], "8 vs H=1"))
     verdict = (f"{claims.combine(verdicts)}: |H=8 minus H=1| <= {tolerance:g} point per model, "
                "paired by seed; " + "; ".join(texts))
-    return _with_claim(rows, "Table 5", anchor, TABLE05_CLAIM, verdict)
+    return _with_claim(rows, "Table 5", anchor, TABLE05_CLAIM, verdict,
+                       metric="test top-1 change", unit="points")
 
 
 def _momentum_label(v: float) -> str:
