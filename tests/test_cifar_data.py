@@ -214,7 +214,7 @@ def test_missing_cifar_names_what_and_where(isolated, monkeypatch):
     def offline(name, root):
         raise OSError("network is unreachable")
 
-    monkeypatch.setattr(data, "_torchvision_download", offline)
+    monkeypatch.setattr(data.cifar, "_torchvision_download", offline)
     with pytest.raises(FileNotFoundError, match="download failed: network is unreachable"):
         data.load_cifar("cifar100")
 

@@ -70,7 +70,7 @@ def test_missing_w8a_offline_clear_error(isolated, monkeypatch):
     def offline(url, dest, sha256, timeout=60.0):
         raise OSError("network is unreachable")
 
-    monkeypatch.setattr(data, "_download", offline)
+    monkeypatch.setattr(data.libsvm, "_download", offline)  # where load_libsvm looks it up
     with pytest.raises(FileNotFoundError, match="w8a") as err:
         data.load_libsvm("w8a")
     assert "LOCALSGD_DATA" in str(err.value) and "network is unreachable" in str(err.value)
@@ -92,7 +92,8 @@ def test_download_checks_sha_and_writes_atomically(isolated, monkeypatch):
         def __exit__(self, *a):
             return False
 
-    monkeypatch.setattr(data.urllib.request, "urlopen", lambda url, timeout: Resp(payload))
+    monkeypatch.setattr(data.downloads.urllib.request, "urlopen",
+                        lambda url, timeout: Resp(payload))
     dest = isolated / "dl" / "file"
     good = hashlib.sha256(payload).hexdigest()
     with pytest.raises(ValueError, match="sha256"):
@@ -115,7 +116,7 @@ def test_w8a_downloaded_into_cache_when_missing(isolated, monkeypatch):
         Path(dest).write_bytes(Path(shared).read_bytes())
         return Path(dest)
 
-    monkeypatch.setattr(data, "_download", fake_download)
+    monkeypatch.setattr(data.libsvm, "_download", fake_download)
     A, b = data.load_libsvm("w8a")
     assert calls == [data.LIBSVM_DATASETS["w8a"].url]
     assert (isolated / "cache" / "w8a").is_file()
