@@ -11,9 +11,9 @@ from localsgd.averaging import (
     FlatBuffer,
     HierarchicalAverager,
     PeriodicAverager,
-    _adoptable,
     contiguous_blocks,
 )
+from localsgd.collectives import _adoptable
 from localsgd.distributed import spawn
 
 

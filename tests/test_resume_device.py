@@ -106,7 +106,7 @@ def test_auto_precision_is_tf32_on_cuda_and_exactly_fp32_on_a_cpu(synth):
 
 
 def test_auto_batched_is_the_batched_engine_for_replicas_on_cuda_only(synth):
-    from localsgd.runner import _field_parser
+    from localsgd.runner_args import _field_parser
     from localsgd.train import use_batched
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

@@ -7,7 +7,8 @@ import pytest
 
 from localsgd.paper.experiments.hsgd_blog import BLOG_HSGD
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.simulate import Scheme, _gossip_offset, simulate
+from localsgd.timing.scheme import _gossip_offset
+from localsgd.timing.simulate import Scheme, simulate
 from localsgd.timing.stragglers import Stragglers, stall_draws
 
 BLOG_256 = ["sync", "local:2", "local:4", "local:8", "hsgd:1-4,2-16,4-64,8-256",

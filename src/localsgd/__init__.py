@@ -4,9 +4,10 @@ The public names below are importable from the package itself (``from localsgd i
 Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), so
 ``import localsgd`` stays light and imports no torch. Where they live:
 
-* the algorithms, pure Python: `localsgd.schedule`, `localsgd.outer`, `localsgd.gossip`,
-  `localsgd.lr`;
-* torch.distributed: `localsgd.averaging`, `localsgd.optim`, `localsgd.distributed`;
+* the algorithms, pure Python: `localsgd.schedule` (over `localsgd.topology`), `localsgd.outer`,
+  `localsgd.gossip`, `localsgd.lr`;
+* torch.distributed: `localsgd.averaging` (over `localsgd.collectives`), `localsgd.optim`,
+  `localsgd.distributed`;
 * the engines: `localsgd.engines` (replicas, DDP); the loop: `localsgd.train`, its checkpoints
   `localsgd.checkpoint`, the torchrun command line `localsgd.runner`;
 * data and models: `localsgd.data`, `localsgd.models`;

@@ -4,6 +4,7 @@
 * `localsgd.timing.cluster`: `Cluster` and `modelled_time`, the deep-learning figures' time axes.
 * `localsgd.timing.stragglers`: emulated stalls and the runner's compute / waiting /
   communication split.
+* `localsgd.timing.scheme`: `Scheme`, one communication schedule, and its per-step plan.
 * `localsgd.timing.simulate`: the wall-clock simulator of sync, local, hierarchical SGD, SlowMo
   and SGP with stragglers.
 * `localsgd.timing.plan`: the schedule planner (``localsgd plan``).

@@ -1,0 +1,100 @@
+"""What both replica engines (`localsgd.engines.replicas`) share: their base class ``_Engine``
+(schedule/driver bookkeeping, learning-rate schedule, resume state) and the `LossFn` type.
+
+``_Engine`` keeps its private name, imported by `localsgd.engines.replicas` and
+`localsgd.engines.batched` (tests/test_imports.py lists both): renaming it would change the
+library's definition hash (`localsgd.paper.results.library_code_hash`) that keys cached runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from localsgd.engines.common import (
+    Batch,
+    cuda_rng_state,
+    set_cuda_rng_state,
+    to_device,
+    worker_generator,
+)
+from localsgd.engines.replica_stack import ReplicaCommunicator
+from localsgd.schedule import SyncDriver, SyncSchedule
+
+__all__ = ["LossFn"]
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class _Engine:
+    """What both replica engines share: schedule/driver bookkeeping, lr schedule, resume state."""
+
+    driver: SyncDriver
+    comm: ReplicaCommunicator
+
+    def _init_common(self, schedule: SyncSchedule, seed: int, lr_schedule, device) -> int:
+        self.schedule, self.seed, self.lr_schedule = schedule, int(seed), lr_schedule
+        self.device = torch.device(device)
+        self.generators = [worker_generator(self.seed, r) for r in range(self.world_size)]
+        return schedule.topology.world_size
+
+    @property
+    def world_size(self) -> int:
+        return self.schedule.topology.world_size
+
+    @property
+    def t(self) -> int:
+        """Completed local updates."""
+        return self.driver.t
+
+    @property
+    def local_ranks(self) -> list[int]:
+        """The workers this process runs: all K (under torchrun each process runs one)."""
+        return list(range(self.world_size))
+
+    def all_gather_object(self, obj: Any) -> list:
+        """One ``obj`` from every process, in rank order (here: this process only); the training
+        loop's one point of contact with other processes (torch.distributed.all_gather_object
+        under torchrun)."""
+        return [obj]
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of one worker's parameters: what one model average moves."""
+        return int(self.comm.param_numel * self.comm.flat.element_size())
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        raise NotImplementedError
+
+    def current_lr(self) -> float:
+        return float(self._optimizers()[0].param_groups[0]["lr"])
+
+    def _check_batches(self, batches: Sequence[Batch]) -> None:
+        if len(batches) != self.world_size:
+            raise ValueError(f"need {self.world_size} batches (one per worker), got {len(batches)}")
+
+    def _apply_lr_schedule(self) -> None:
+        if self.lr_schedule is None:
+            return
+        lr = float(self.lr_schedule(self.t))
+        for opt in self._optimizers():
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def _common_state(self) -> dict:
+        return {
+            "driver": self.driver.state_dict(),
+            "comm": self.comm.state_dict(),
+            "generators": [g.get_state() for g in self.generators],
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": cuda_rng_state(self.device),
+        }
+
+    def _load_common_state(self, state: dict) -> None:
+        self.driver.load_state_dict(to_device(state["driver"], self.device))
+        self.comm.load_state_dict(state["comm"])  # copied into live tensors: keeps their device
+        for g, s in zip(self.generators, state["generators"], strict=True):
+            g.set_state(s.cpu())  # generator states are CPU byte tensors on every device
+        torch.set_rng_state(state["torch_rng"].cpu())
+        set_cuda_rng_state(state.get("cuda_rng"), self.device)

@@ -1,0 +1,307 @@
+"""The replicas' ``[K, n]`` stack and `ReplicaCommunicator`, the `localsgd.schedule.Communicator`
+both replica engines (`localsgd.engines.replicas`) run the schedule through.
+
+Row k of the stack holds worker k's trainable parameters, each tensor's slice starting on a
+multiple of `FLAT_ALIGN` elements (`aligned_offsets`). Averaging level l is
+``flat.view(G, g, n)`` -> mean over the group dim, in place (Eq. 4/5 of the paper); gossip is one
+push-sum round of `localsgd.gossip`. Optionally averages float buffers (BatchNorm running stats)
+and the inner optimizers' per-parameter state (momentum buffers). One implementation serves both
+layouts (per replica and stacked: `localsgd.engines.replicas`' docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from localsgd import gossip as gossip_mod
+from localsgd.schedule import Topology
+
+__all__ = ["FLAT_ALIGN", "ReplicaCommunicator", "aligned_offsets"]
+
+
+def _group_mean_(stack: torch.Tensor, group_size: int) -> None:
+    """Replace every row of stack [K, ...] by the mean of its contiguous group, in place."""
+    k = stack.shape[0]
+    if stack.is_contiguous():
+        v = stack.view(k // group_size, group_size, -1)
+        v.copy_(v.mean(dim=1, keepdim=True).expand_as(v))
+    else:  # e.g. a transposed grad: average a contiguous copy, write it back
+        v = stack.reshape(k // group_size, group_size, -1)
+        stack.copy_(v.mean(dim=1, keepdim=True).expand_as(v).reshape(stack.shape))
+
+
+def _mean_rows_(rows: torch.Tensor | Sequence[torch.Tensor], group_size: int) -> None:
+    """Group mean over K replicas given as one [K, ...] tensor or as K separate tensors."""
+    if torch.is_tensor(rows):
+        _group_mean_(rows, group_size)
+        return
+    stack = torch.stack(list(rows))
+    _group_mean_(stack, group_size)
+    for row, mean in zip(rows, stack, strict=True):
+        row.copy_(mean)
+
+
+# Each tensor's slice of a row of the [K, n] stack starts on a multiple of this many elements
+# (256 B in float32, 128 B in bfloat16). cuDNN's channels-last kernels load weights with vector
+# instructions and failed with "misaligned address" on ResNet-20's replica 1, whose row began
+# 8 bytes past a 16-byte boundary (H200, figures/gpu/). Counted in elements, not bytes, so the
+# layout is the same in every dtype (doctor compares float32 with float64 state by state).
+# torchrun's flat buffers stay gap-free: gloo's ring all-reduce sums each chunk in another rank
+# order, so gaps there would break bit-equality with torch's averagers.
+FLAT_ALIGN = 64
+
+
+def aligned_offsets(numels: Sequence[int]) -> tuple[list[int], int]:
+    """Start of each tensor in a row when every start is a multiple of FLAT_ALIGN, and the row's
+    length (elements). The gaps hold zeros, which averaging, gossip and the outer step keep at
+    zero: each is linear with no constant term, applied column by column."""
+    offsets, end = [], 0
+    for n in numels:
+        offsets.append(end)
+        end += -(-int(n) // FLAT_ALIGN) * FLAT_ALIGN
+    return offsets, end
+
+
+def _stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Copy [K, *shape_j] tensors into one zero-padded [K, n] buffer; return it and the
+    [K, *shape_j] views ``flat[:, off_j:off_j + numel_j].view(K, *shape_j)`` that alias it.
+    Every row and every ``off_j`` starts on a multiple of `FLAT_ALIGN` (`aligned_offsets`)."""
+    k = stacks[0].shape[0]
+    offsets, n = aligned_offsets([s[0].numel() for s in stacks])
+    flat = torch.zeros(k, n, dtype=stacks[0].dtype, device=stacks[0].device)
+    views = []
+    for s, offset in zip(stacks, offsets, strict=True):
+        view = flat[:, offset : offset + s[0].numel()].view(s.shape)
+        view.copy_(s)
+        views.append(view)
+    return flat, views
+
+
+class ReplicaCommunicator:
+    """`Communicator` over K in-process replicas (see module docstring).
+
+    Args:
+        topology: levels and group sizes; ``world_size`` must equal ``len(models)``.
+        models: the K replicas (same architecture); their trainable parameters get rebound to
+            rows of the stack ``self.flat`` ([K, n]) and their float buffers to rows of
+            ``self.buffer_stacks`` (one contiguous [K, *shape] tensor per buffer).
+        optimizers: the K inner optimizers (needed only for ``average_momentum``).
+        average_buffers: also average floating-point buffers (BatchNorm running mean/var).
+        average_momentum: also average the optimizers' per-parameter float state with the
+            parameter's shape (SGD momentum buffers, Adam moments).
+        peers_per_step: SGP peers per gossip round.
+
+    `ReplicaCommunicator.stacked` builds the same communicator for the batched engine's layout.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        models: Sequence[nn.Module],
+        optimizers: Sequence[torch.optim.Optimizer] | None = None,
+        average_buffers: bool = False,
+        average_momentum: bool = False,
+        peers_per_step: int = 1,
+    ):
+        if len(models) != topology.world_size:
+            raise ValueError(
+                f"got {len(models)} models for a topology of world_size {topology.world_size}"
+            )
+        self.models = list(models)
+        self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
+        shapes = [[p.shape for p in ps] for ps in self.params]
+        if any(s != shapes[0] for s in shapes):
+            raise ValueError("all replicas must have the same parameter shapes")
+        first = self.params[0]
+        if not first:
+            raise ValueError("models have no trainable parameters")
+        if len({id(p) for ps in self.params for p in ps}) != len(models) * len(first):
+            # a shared parameter can alias only one row: the others would go stale silently
+            raise ValueError(
+                "replicas share parameter objects (the same model passed twice?); pass K "
+                "independent copies, e.g. [copy.deepcopy(model) for _ in range(K)]"
+            )
+        dtypes = {p.dtype for ps in self.params for p in ps}
+        if len(dtypes) != 1:
+            raise ValueError(f"all parameters must share one dtype for the flat stack: {dtypes}")
+        k = len(self.models)
+        flat, columns = _stack_into_flat([torch.stack([ps[j].detach() for ps in self.params])
+                                          for j in range(len(first))])
+        aliases = []
+        for r, ps in enumerate(self.params):
+            for j, p in enumerate(ps):
+                p.data = columns[j][r]  # persistent alias of flat[r, off_j:off_j + numel_j]
+                aliases.append((p, f"parameter {j} of replica {r}"))
+        bufs = [[b for b in m.buffers() if b.is_floating_point()] for m in self.models]
+        if any([b.shape for b in bs] != [b.shape for b in bufs[0]] for bs in bufs):
+            raise ValueError("all replicas must have the same floating-point buffer shapes")
+        buffer_stacks = []
+        for j in range(len(bufs[0])):
+            stack = torch.stack([bs[j] for bs in bufs])
+            for r in range(k):
+                bufs[r][j].data = stack[r]  # BatchNorm updates running stats in place: the row
+                aliases.append((bufs[r][j], f"buffer {j} of replica {r}"))
+            buffer_stacks.append(stack)
+        self._setup(topology, flat, [list(col) for col in zip(*self.params, strict=True)],
+                    buffer_stacks, optimizers, False, average_buffers, average_momentum,
+                    peers_per_step, aliases)
+
+    @classmethod
+    def stacked(
+        cls,
+        topology: Topology,
+        flat: torch.Tensor,
+        params: Sequence[torch.Tensor],
+        buffer_stacks: Sequence[torch.Tensor],
+        optimizer: torch.optim.Optimizer | None = None,
+        average_buffers: bool = False,
+        average_momentum: bool = False,
+        peers_per_step: int = 1,
+    ) -> ReplicaCommunicator:
+        """The communicator of the batched layout: `params` are the trainable [K, *shape] views
+        of `flat` ([K, n]), `buffer_stacks` the contiguous [K, *shape] float buffers, and one
+        `optimizer` over the stacks (its state is [K, *shape] too)."""
+        if flat.dim() != 2 or flat.shape[0] != topology.world_size:
+            raise ValueError(
+                f"flat must be [world_size={topology.world_size}, n], got {tuple(flat.shape)}"
+            )
+        self = cls.__new__(cls)
+        self.models, self.params = [], []
+        aliases = [(p, f"stacked parameter {j}") for j, p in enumerate(params)]
+        self._setup(topology, flat, [[p] for p in params], list(buffer_stacks),
+                    None if optimizer is None else [optimizer], True, average_buffers,
+                    average_momentum, peers_per_step, aliases)
+        return self
+
+    def _setup(self, topology, flat, slots, buffer_stacks, optimizers, stacked, average_buffers,
+               average_momentum, peers_per_step, aliases) -> None:
+        expected = 1 if stacked else topology.world_size
+        if average_momentum and (optimizers is None or len(optimizers) != expected):
+            need = "one optimizer over the stacks" if stacked else "one optimizer per model"
+            raise ValueError(
+                f"average_momentum=True needs {need}: got "
+                f"{0 if optimizers is None else len(optimizers)} for {topology.world_size} models"
+            )
+        self.topology, self.world_size = topology, topology.world_size
+        self.flat, self.buffer_stacks, self.optimizers = flat, buffer_stacks, list(optimizers or [])
+        self.average_buffers, self.average_momentum = average_buffers, average_momentum
+        self.peers_per_step = peers_per_step
+        # _slots[j]: trainable parameter j of every replica (K tensors, or one [K, ...] stack)
+        self._slots, self._stacked = slots, stacked
+        # one worker's parameter elements (flat's rows also hold alignment gaps)
+        self.param_numel = sum(col[0].numel() // (self.world_size if stacked else 1)
+                               for col in slots)
+        self._aliases = [(t, t.data_ptr(), label) for t, label in aliases]
+        self.ps_weight = torch.ones(self.world_size, dtype=flat.dtype, device=flat.device)
+        self.gossiped = False  # ps_weight may differ from 1 (SGP's push-sum weights)
+
+    # -- Communicator ------------------------------------------------------------------------
+
+    def flat_params(self) -> torch.Tensor:
+        return self.flat
+
+    def packed(self) -> torch.Tensor:
+        """A copy of the replicas' parameters as a gap-free ``[K, n_params]`` matrix (row k is
+        ``torch.cat([p.flatten() for p in trainable params of replica k])``); ``self.flat``
+        is the same numbers with each tensor starting on an aligned offset."""
+        k = self.world_size
+        with torch.no_grad():
+            return torch.cat([(col[0] if self._stacked else torch.stack(col)).reshape(k, -1)
+                              for col in self._slots], dim=1)
+
+    def _check_aliasing(self) -> None:
+        # rebinding p.data (vector_to_parameters, .to(), load_state_dict(assign=True)) detaches a
+        # tensor from its row: mixing the stack would then silently miss that replica
+        for t, ptr, label in self._aliases:
+            if t.data_ptr() != ptr:
+                raise RuntimeError(
+                    f"{label} no longer aliases its row of the replica stack (its .data was "
+                    "rebound); update parameters and buffers in place, e.g. p.copy_(...) or "
+                    "model.load_state_dict(state)"
+                )
+
+    def _rows(self, tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        return tensors[0] if self._stacked else tensors
+
+    @torch.no_grad()
+    def average(self, level: int) -> None:
+        self._check_aliasing()
+        g = self.topology.levels[level].group_size
+        if g == 1:
+            return
+        if not self.gossiped:  # a host flag: reading ps_weight would wait for the GPU
+            _group_mean_(self.flat, g)
+        else:  # after gossip on an irregular graph: average numerators and weights (push-sum)
+            x = self.flat * self.ps_weight[:, None]
+            w = self.ps_weight.clone()[:, None]
+            _group_mean_(x, g)
+            _group_mean_(w, g)
+            self.flat.copy_(x / w)
+            self.ps_weight.copy_(w[:, 0])
+        if self.average_buffers:
+            for stack in self.buffer_stacks:
+                _group_mean_(stack, g)
+        if self.average_momentum:
+            self._average_optimizer_state(g)
+
+    @torch.no_grad()
+    def allreduce_grads(self, level: int) -> None:
+        g = self.topology.levels[level].group_size
+        if g == 1:
+            return
+        for members in self._slots:
+            if all(p.grad is None for p in members):
+                continue
+            for p in members:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            _mean_rows_(self._rows([p.grad for p in members]), g)
+
+    @torch.no_grad()
+    def gossip(self, step: int) -> None:
+        self._check_aliasing()
+        plan = gossip_mod.plan(step, self.world_size, self.peers_per_step)
+        gossip_mod.mix_(self.flat, self.ps_weight, plan)
+        self.gossiped = True
+
+    # -- extras ------------------------------------------------------------------------------
+
+    def _average_optimizer_state(self, g: int) -> None:
+        for members in self._slots:
+            states = [opt.state.get(p, {}) for opt, p in zip(self.optimizers, members,
+                                                             strict=True)]
+            for key, value in states[0].items():
+                if not (torch.is_tensor(value) and value.is_floating_point()
+                        and value.shape == members[0].shape):
+                    continue
+                if any(key not in s or s[key] is None for s in states):
+                    continue
+                _mean_rows_(self._rows([s[key] for s in states]), g)
+
+    def consensus_distance(self) -> float:
+        """(1/K) sum_k ||w_k - w_bar||^2, the diversity measure of Sec. 3.3."""
+        return float(((self.flat - self.flat.mean(0, keepdim=True)) ** 2).sum(1).mean())
+
+    def mean_model_(self, model: nn.Module) -> nn.Module:
+        """Write the replicas' mean into `model` (same architecture): trainable parameters from
+        the flat stack, float buffers from the buffer stacks; w-bar of Sec. 3.3."""
+        with torch.no_grad():
+            mean = self.flat.mean(0)
+            params = [p for p in model.parameters() if p.requires_grad]
+            offsets, _ = aligned_offsets([p.numel() for p in params])
+            for p, offset in zip(params, offsets, strict=True):
+                p.copy_(mean[offset : offset + p.numel()].view_as(p))
+            bufs = [b for b in model.buffers() if b.is_floating_point()]
+            for b, stack in zip(bufs, self.buffer_stacks, strict=True):
+                b.copy_(stack.mean(0))
+        return model
+
+    def state_dict(self) -> dict:
+        return {"ps_weight": self.ps_weight.clone(), "gossiped": self.gossiped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ps_weight.copy_(state["ps_weight"])
+        self.gossiped = bool(state.get("gossiped", not torch.all(self.ps_weight == 1)))
