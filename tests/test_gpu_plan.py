@@ -1,6 +1,8 @@
-"""The GPU-hours plan: arithmetic, totals = sum of the rows, order, and the paper-mode run
-counts each notebook's grid gives (counted by hand from the notebooks' code)."""
+"""The GPU-hours plan: arithmetic, totals = sum of the rows, order, the paper-mode run counts
+each notebook's grid gives (counted by hand from the notebooks' parameters), and that the plan
+builds each grid with the function its notebook calls."""
 
+import json
 import math
 
 import pytest
@@ -78,6 +80,17 @@ def test_paper_plan_from_the_notebooks():
     assert p.total["gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in p.rows))
     assert p.total["gpu_hours_shared"] <= p.total["gpu_hours"]
     assert p.order[-1] in ("fig08_imagenet", "table05_models")
+
+
+def test_the_plan_builds_each_grid_with_the_function_its_notebook_calls():
+    # one grid per notebook (issue 29): gpu_plan once kept a copy of each, which lacked the
+    # parameters grid.base_config reads (device, batched, loader_workers, records_per_epoch)
+    calls = {"fig08_imagenet": "lin2020.fig08_runs(P, seeds=nb.seeds"}  # fig08.configs + torchrun
+    for nb_id, grid in g._GRIDS.items():
+        cells = json.loads((repo_root() / "notebooks" / f"{nb_id}.ipynb").read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        assert calls.get(nb_id, f"{grid.module}.configs(P, nb.seeds") in code, nb_id
+        assert "dataclasses.replace(" not in code, f"{nb_id} builds a grid of its own"
 
 
 def test_the_committed_h200_loop_prices_resnet20_and_every_other_model_has_an_estimate():

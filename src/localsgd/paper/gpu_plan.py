@@ -17,17 +17,15 @@ start-up and idle GPUs are not counted: a lower bound on a real cluster's bill.
 
 `plan` is the pure computation over `PlanItem`s; `notebook_items` / `paper_items` derive the
 items of each notebook from its ``notebooks/params/<nb>/paper.yaml`` merged over the
-notebook's parameters cell, building the same `TrainConfig` grid the notebook builds (the
-grid code is repeated here, see `_GRIDS`, since notebooks are not importable; Table 1 and
-SlowMo call the notebooks' own `localsgd.paper.experiments` grid functions). Identical configurations
-inside a notebook are counted once (the notebooks' run cache trains them once); across notebooks
-they are counted in every notebook (``shared_across_notebooks`` in `plan`'s total gives the
-de-duplicated figure).
+notebook's parameters cell, building the `TrainConfig` grid through the function the notebook
+itself calls (``configs(P, seeds)`` of its module in `localsgd.paper.experiments`, see `_GRIDS`),
+so no grid is written twice. Identical configurations inside a notebook are counted once (the
+notebooks' run cache trains them once); across notebooks they are counted in every notebook
+(``shared_across_notebooks`` in `plan`'s total gives the de-duplicated figure).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import types
 from collections.abc import Iterable, Sequence
@@ -282,102 +280,38 @@ def items_from_configs(notebook: str, configs: Sequence, note: str = "") -> list
     return out
 
 
-def _base(p: dict, **fields):
-    from localsgd.train import TrainConfig
-
-    common = {k: p[k] for k in ("dataset", "model", "width", "n_train", "n_test") if k in p}
-    return TrainConfig(**{**common, **fields})
-
-
 def _seeds(p: dict) -> list[int]:
     return list(range(p.get("seed", 0), p.get("seed", 0) + p.get("n_seeds", 1)))
 
 
-def _fig06(p):
-    from localsgd.paper.experiments import lin2020
+@dataclass(frozen=True)
+class _Grid:
+    """A notebook's grid: ``configs(P, seeds)`` of ``module`` (``lin2020.<artifact>`` or
+    ``slowmo`` in `localsgd.paper.experiments`), the function the notebook itself calls, given
+    the notebook's parameters as a dict; the configs alone where it also returns labels."""
 
-    return lin2020.fig06_configs(types.SimpleNamespace(**p), _seeds(p))
+    module: str
 
+    def __call__(self, p: dict[str, Any]) -> list:
+        # deferred: the plan imports no torch until a grid is built
+        from localsgd.paper.experiments import lin2020, slowmo
 
-def _fig07(p):
-    base = _base(p, local_batch=p["B_loc"], epochs=p["epochs"])
-    return [dataclasses.replace(base, world_size=k, local_steps=h, seed=s)
-            for k in p["Ks"] for h in p["Hs"] for s in _seeds(p)]
-
-
-def _fig08(p):
-    base = _base(p, world_size=p["nodes"] * p["gpus_per_node"], local_batch=p["B_loc"],
-                 epochs=p["epochs"], lr=p["lr"], scale_lr=True, base_batch=p["base_batch"],
-                 warmup_epochs=p["warmup_epochs"], image_size=p["image_size"],
-                 decay_fractions=tuple(p["decay_fractions"]))
-    methods = [{"local_steps": 1}, {"local_steps": p["H"],
-                                    "local_step_warmup_epochs": p["local_step_warmup_epochs"]}]
-    return [dataclasses.replace(base, seed=s, **m) for m in methods for s in _seeds(p)]
+        source = slowmo if self.module == "slowmo" else getattr(
+            lin2020, self.module.removeprefix("lin2020."))
+        built = source.configs(types.SimpleNamespace(**p), _seeds(p))
+        return built[0] if isinstance(built, tuple) else built  # (configs, labels)
 
 
-def _fig09(p):
-    base = _base(p, world_size=p["K"], block_size=p["block_size"], local_steps=p["H"],
-                 local_batch=p["B_loc"], epochs=p["epochs"])
-    return [dataclasses.replace(base, block_steps=hb, seed=s) for hb in p["Hbs"]
-            for s in _seeds(p)]
-
-
-def _fig10(p):
-    return _fig06(p)
-
-
-def _table01(p):
-    from localsgd.paper.experiments import lin2020 as ex
-
-    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
-    return ex.table01_configs(base, p["B_globs"], _seeds(p), warmup_epochs=p["warmup_epochs"])[0]
-
-
-def _table03(p):
-    from localsgd.timing.comm import ClusterShape
-
-    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"])
-    return [dataclasses.replace(base, local_steps=h, block_steps=hb, seed=s,
-                                block_size=ClusterShape.parse(t).gpus_per_server)
-            for t in p["topologies"] for h, hb in p["H_Hbs"] for s in _seeds(p)]
-
-
-def _table05(p):
-    from localsgd.paper.experiments import grid, lin2020
-
-    every = dict.fromkeys(p["datasets"], "available")  # the plan assumes the data is there
-    return lin2020.table05_configs(grid.base_config(types.SimpleNamespace(**p)), every,
-                                   p["models"], p["widths"], p["Hs"], _seeds(p),
-                                   tricks=p["tricks"], warmup_epochs=p["warmup_epochs"])[0]
-
-
-def _table06_07(p):
-    from localsgd.paper.experiments import lin2020 as ex
-
-    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"],
-                 scale_lr=True, base_batch=p["base_batch"], warmup_epochs=p["warmup_epochs"])
-    return [ex.momentum_config(dataclasses.replace(base, local_steps=h, seed=s), lo, gl)
-            for h, grid in ((1, p["table6_momenta"]), (8, p["table7_momenta"]))
-            for lo, gl in grid for s in _seeds(p)]
-
-
-def _slowmo(p):
-    from localsgd.paper.experiments import slowmo as ex
-
-    base = _base(p, world_size=p["K"], local_batch=p["B_loc"], epochs=p["epochs"], lr=p["lr"])
-    return ex.slowmo_configs(base, localsgd_frequency=p["localsgd_frequency"],
-                             slowmo_frequency=p["slowmo_frequency"], momenta=p["slowmo_momenta"],
-                             slow_lrs=p["slow_lrs"], sgp_momenta=p["sgp_momenta"],
-                             seeds=_seeds(p), slow_lr_momentum=p["slow_lr_momentum"],
-                             sync_reference=True)[0]
-
-
-# The TrainConfig grid of each training notebook, as the notebook's own code builds it
-# (tests/test_gpu_plan.py checks the paper-mode run counts, counted by hand from the notebooks).
-_GRIDS = {"fig06_cifar10_local_sgd": _fig06, "fig07_scaling": _fig07, "fig08_imagenet": _fig08,
-          "fig09_hierarchical": _fig09, "fig10_cifar100": _fig10,
-          "table01_large_batch": _table01, "table03_topologies": _table03,
-          "table05_models": _table05, "table06_07_momentum": _table06_07, "slowmo": _slowmo}
+# The TrainConfig grid of each training notebook: the function the notebook itself calls, so the
+# plan prices exactly the runs the notebook trains (Table 5 with every data set taken as present;
+# Figure 8 without writing its torchrun configs). tests/test_gpu_plan.py checks the paper-mode run
+# counts against counts made by hand.
+_GRIDS = {nb: _Grid(module) for nb, module in {
+    "fig06_cifar10_local_sgd": "lin2020.fig06", "fig07_scaling": "lin2020.fig07",
+    "fig08_imagenet": "lin2020.fig08", "fig09_hierarchical": "lin2020.fig09",
+    "fig10_cifar100": "lin2020.fig10", "table01_large_batch": "lin2020.table01",
+    "table03_topologies": "lin2020.table03", "table05_models": "lin2020.table05",
+    "table06_07_momentum": "lin2020.table06_07", "slowmo": "slowmo"}.items()}
 
 # Notebooks that train no network in paper mode, and why they cost no GPU-hours here.
 NO_GPU = {

@@ -4,8 +4,8 @@ every claim's verdict; notebooks call these):
 * `localsgd.paper.experiments.grid`: grids of `TrainConfig` runs, time axes, time-to-accuracy,
   speed-ups.
 * `localsgd.paper.experiments.claims`: the seed-spread verdict rule and claim rows.
-* `localsgd.paper.experiments.lin2020`: Lin et al. (2020)'s tables and figures (Tables 1, 2, 4, 5,
-  Figure 7, App. D).
+* `localsgd.paper.experiments.lin2020`: Lin et al. (2020)'s figures and tables (Figures 6-10,
+  Tables 1-7, App. B, D), a package with one module per artifact.
 * `localsgd.paper.experiments.slowmo`: fairscale's SlowMo page (quality grid and summary).
 * `localsgd.paper.experiments.dynamo`: the TorchDynamo + DDP update's claims (`localsgd.paper.bench.ddp`).
 * `localsgd.paper.experiments.hsgd_blog`: the PyTorch hierarchical-SGD blog's benchmark schemes.

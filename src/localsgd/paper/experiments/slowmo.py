@@ -11,10 +11,11 @@ from collections.abc import Sequence
 import pandas as pd
 
 from localsgd.paper.experiments import claims
+from localsgd.paper.experiments.grid import base_config
 from localsgd.train import TrainConfig
 
-__all__ = ["breakeven_table", "final_records", "slowmo_claims", "slowmo_configs",
-           "slowmo_summary", "variant_order"]
+__all__ = ["base", "breakeven_table", "configs", "final_records", "slowmo_claims",
+           "slowmo_configs", "slowmo_summary", "variant_order"]
 
 SYNC_VARIANT = "H = 1 (average every update)"
 LOCAL_ALONE = "local SGD alone"
@@ -72,6 +73,22 @@ def slowmo_configs(base: TrainConfig, *, localsgd_frequency: int, slowmo_frequen
                                        f"{base_alg} + SlowMo β={beta:g}, α={alpha:g}")})
     return configs, labels
 
+
+
+def base(P) -> TrainConfig:
+    """The grid's base run: the notebook's parameters as a `TrainConfig` (`grid.base_config`)
+    with its lr ``P.lr``."""
+    return base_config(P, lr=P.lr)
+
+
+def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
+    """The notebook's grid from its parameters ``P``: `slowmo_configs` over `base` with the
+    page's frequencies and ``P``'s momenta and slow lrs, with the H = 1 reference;
+    (configs, labels)."""
+    return slowmo_configs(
+        base(P), localsgd_frequency=P.localsgd_frequency, slowmo_frequency=P.slowmo_frequency,
+        momenta=P.slowmo_momenta, slow_lrs=P.slow_lrs, sgp_momenta=P.sgp_momenta, seeds=seeds,
+        slow_lr_momentum=P.slow_lr_momentum, sync_reference=True)
 
 def slowmo_summary(records: pd.DataFrame) -> pd.DataFrame:
     """Final test accuracy and training loss per grid point (mean, std, seeds), and the paired

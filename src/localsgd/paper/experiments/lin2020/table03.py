@@ -1,0 +1,100 @@
+"""Table 3 (§4.3, App. B): hierarchical local SGD on 16 GPUs as 8×2, 4×4 and 2×8 at H·H^b = 16 —
+its grid (`configs`) and the claim on its 4×4 row (`table03_claims`); and its "# of sync." rows,
+App. B's eq. (6) counted by running the library's schedule (`appB_table3`, drawn by the
+appB_comm_cost notebook), with their compare rows (`appB_rows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import pandas as pd
+
+from localsgd.paper.experiments import claims
+from localsgd.paper.experiments.claims import claim_row
+from localsgd.paper.experiments.grid import base_config
+from localsgd.paper.experiments.lin2020.common import paired_by_seed, seed_values
+from localsgd.timing.comm import ClusterShape, schedule_sync_counts
+from localsgd.train import TrainConfig
+
+__all__ = ["appB_rows", "appB_table3", "configs", "table03_claims"]
+
+
+def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
+    """Table 3's grid (§4.3): the notebook's base run (`grid.base_config`) on every topology of
+    ``P.topologies`` (nodes x GPUs per node: the block size), at every (H, H^b) of ``P.H_Hbs``
+    and seed; labels carry topology, H and H^b. A topology of other than ``P.K`` GPUs is an
+    error. Returns (configs, labels)."""
+    base = base_config(P)
+    runs, labels = [], []
+    for topo in P.topologies:
+        shape = ClusterShape.parse(topo)
+        if shape.world_size != P.K:
+            raise ValueError(f"topology {topo} has {shape.world_size} GPUs, K = {P.K}")
+        for h, hb in P.H_Hbs:
+            for s in seeds:
+                runs.append(dataclasses.replace(base, local_steps=h, block_steps=hb, seed=s,
+                                                block_size=shape.gpus_per_server))
+                labels.append({"topology": topo, "H": h, "Hb": hb})
+    return runs, labels
+
+
+def table03_claims(final: pd.DataFrame, *, note: str = "") -> list[dict]:
+    """Table 3 (§4.3): one row per (topology, H, H^b) with the mean final test top-1 over seeds
+    (``final``: each run's last record with topology, H, Hb, seed, test_acc), and on the
+    4x4 H=16, Hb=1 row the claim "H^b > 1 beats plain local SGD (H = 16, H^b = 1) at
+    H·H^b = 16": per hierarchical configuration on 4x4, its test top-1 minus H=16, Hb=1's,
+    paired by seed, > 0; `claims.combine` over the configurations."""
+
+    claim, text = None, None
+    four = final[final.topology == "4x4"]
+    configs = sorted({(int(h), int(hb)) for h, hb in zip(four.H, four.Hb, strict=True)})
+    if (16, 1) in configs and len(configs) > 1:
+        flat = seed_values(four, "test_acc", H=16, Hb=1)
+        parts = {(h, hb): claims.verdict(
+            paired_by_seed(seed_values(four, "test_acc", H=h, Hb=hb), flat), 0.0,
+            unit=" points", what="gain") for h, hb in configs if (h, hb) != (16, 1)}
+        claim = "on 4x4, H^b > 1 beats plain local SGD (H = 16, H^b = 1) at H * H^b = 16"
+        text = (f"{claims.combine(list(parts.values()))}: 4x4 test top-1 minus H=16, Hb=1 "
+                f"({flat.mean():.2f} %), paired by seed: "
+                + "; ".join(f"H={h}, Hb={hb}: {v.reason}" for (h, hb), v in parts.items()))
+    rows = []
+    for (topo, h, hb), g in final.groupby(["topology", "H", "Hb"]):
+        acc = g.groupby("seed").test_acc.mean()
+        spread = (f"std={acc.std():.2f} over {len(acc)} seeds" if len(acc) > 1
+                  else "1 seed (no std)")
+        setting = f"{topo}; H={h}; Hb={hb}"
+        mine = setting == "4x4; H=16; Hb=1" and claim is not None
+        rows.append(claims.claim_row("Table 3", setting, "test top-1", acc.mean(), unit="%",
+                                     note=f"{note}; {spread}", claim=claim if mine else None,
+                                     verdict=text if mine else None))
+    return rows
+
+
+def appB_table3(topologies: Sequence[str], updates: int = 16) -> pd.DataFrame:
+    """Table 3's "# of sync." rows counted by running `SyncSchedule` over ``updates`` = H·H^b
+    updates for every H | 16 and each topology (App. B, eq. (6): 1 global round, H^b − 1
+    rounds within a node)."""
+
+    hs = [h for h in (1, 2, 4, 8, 16, 32, 64) if h <= updates and updates % h == 0]
+    return pd.DataFrame([
+        {"topology": t, "H": h, "Hb": updates // h,
+         **schedule_sync_counts(ClusterShape.parse(t), h, updates // h, steps=updates)}
+        for t in topologies for h in hs])
+
+
+def appB_rows(table3: pd.DataFrame) -> list[dict]:
+    """Compare rows of Table 3's sync counts per 16 updates (App. B's schedule), from
+    `appB_table3`. The counts do not depend on the topology: those of the first are written.
+    Exact counts of a deterministic schedule, so no claim: the report checks them against the
+    printed ones (within node, then over nodes, one row per H = 1 … 16)."""
+
+    counts = table3[table3.topology == table3.topology.iloc[0]]
+    rows = []
+    for metric, col in (("syncs within node per 16 updates", "within_server"),
+                        ("syncs over nodes per 16 updates", "global")):
+        # records, not itertuples: "global" is a Python keyword, renamed by itertuples
+        rows += [claim_row("Table 3", f"H={r['H']}; Hb={r['Hb']}", metric, int(r[col]))
+                 for r in counts.to_dict("records")]
+    return rows
