@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.grid import base_config, dataset_available, final_table
-from localsgd.paper.experiments.lin2020.common import gaps_by_seed, part_text, with_claim
+from localsgd.paper.experiments.lin2020.common import (
+    gaps_by_seed,
+    part_text,
+    reported_cells,
+    with_claim,
+)
 from localsgd.train import TrainConfig
 
 __all__ = [
@@ -105,6 +111,20 @@ def table05_data(final: pd.DataFrame, status: dict[str, str]) -> pd.DataFrame:
     is not on this machine (status "data unavailable")."""
     missing = [{"dataset": d, "status": s} for d, s in status.items() if s != "available"]
     return pd.concat([final.assign(status="ok"), pd.DataFrame(missing)], ignore_index=True)
+
+
+def source_cells(papers_dir: str | Path | None = None) -> pd.DataFrame:
+    """Table 5's test top-1 cells as the source prints them (300 epochs, full-width models), in
+    the notebook's columns: dataset, model_name, local_steps, test_acc."""
+    cells = reported_cells(["Table 5"], papers_dir)
+    cells = cells[cells.metric == "test top-1"]
+    parts = cells.setting.str.extract(r"model=(?P<model>[^;]+); dataset=(?P<data>[^;]+); "
+                                      r"K=\d+; H=(?P<H>\d+)$")
+    names = {v: k for k, v in TABLE05_MODELS.items()}
+    sets = {v: k for k, v in TABLE05_DATASETS.items()}
+    return pd.DataFrame({"dataset": parts.data.map(sets), "model_name": parts.model.map(names),
+                         "local_steps": parts.H.astype(int),
+                         "test_acc": cells.test_acc}).reset_index(drop=True)
 
 
 def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Sequence[str],
