@@ -378,11 +378,13 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
             v for v in pd.to_numeric(group.loc[~group["setting row"], "ours"], errors="coerce")
             if not pd.isna(v)]
         unit = next((u for u in group["unit"] if isinstance(u, str) and u), "")
-        ours = "–".join(fmt_number(v, 3) for v in sorted(vals)) if vals else ""
+        metric = re.sub(r" (min|max)$", "", str(group["metric"].iloc[0]))
+        signed = metric.endswith(" change")  # a difference: its sign is the result
+        ours = "–".join(("+" if signed and v > 0 else "") + fmt_number(v, 3)
+                        for v in sorted(vals)) if vals else ""
         if ours and unit:
             ours += {"%": " %", "x": "×"}.get(unit, f" {unit}")
-        metric = re.sub(r" (min|max)$", "", str(group["metric"].iloc[0]))
-        if ours and "top-1" in metric and len(vals) == 1:
+        if ours and "top-1" in metric and len(vals) == 1 and not signed:
             cell = re.sub(r"\b(model|dataset)=", "", str(group["setting"].iloc[0]))
             ours += f" top-1 at {cell}"  # which cell the number is
         elif ours:
