@@ -113,9 +113,21 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
+def cpu_model() -> str:
+    """The CPU's model name and whether it has AVX-512 (float32 results on a CPU can differ in
+    the last digits between the two), from /proc/cpuinfo where there is one."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("model name")), platform.processor() or "unknown")
+    return f"{name} ({'AVX-512' if 'avx512f' in text else 'no AVX-512'})"
+
+
 def device_info() -> dict[str, Any]:
     info: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
-                            "cpu_count": os.cpu_count()}
+                            "cpu": cpu_model(), "cpu_count": os.cpu_count()}
     try:
         import torch  # deferred: provenance of any run, also ones that never import torch
 
