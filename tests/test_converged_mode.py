@@ -71,7 +71,7 @@ def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     lines = again.stdout.splitlines()
     assert any(line.startswith("converged mode: 4 runs (0 more shared between notebooks), 4 of "
-                               "them cached; 0 to train, 0 training images") for line in lines)
+                               "them cached; nothing to train") for line in lines)
     assert sum(" read from the cache" in line for line in lines) == 4, lines
     assert not any(" trained in " in line for line in lines)
     assert "runs to train" not in _outputs(executed)

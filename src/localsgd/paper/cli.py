@@ -227,9 +227,10 @@ def _converged_estimate(args: argparse.Namespace, ids: list[str], sets: dict) ->
     unique = {i.key: i for i in items}  # the cache trains a shared configuration once
     todo = [i for key, i in unique.items() if not grid.is_cached(key)]
     images = sum(i.runs * i.updates * i.images_per_update for i in todo)
+    left = (f"{len(todo)} to train, {images:,} training images: "
+            f"{run_progress.proxy_time(images)}" if todo else "nothing to train")
     return (f"converged mode: {len(unique)} runs ({len(items) - len(unique)} more shared between "
-            f"notebooks), {len(unique) - len(todo)} of them cached; {len(todo)} to train, "
-            f"{images:,} training images: {run_progress.proxy_time(images)}")
+            f"notebooks), {len(unique) - len(todo)} of them cached; {left}")
 
 
 def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
