@@ -117,7 +117,8 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
         raise ValueError(f"got {len(labels)} labels for {len(configs)} configs")
     frames = []
     apart = run_progress.varying(configs)  # what the harness's console names each run by
-    cached = [not refresh and is_cached(cfg) for cfg in configs]
+    # a dry run never reads the cache (`results.cached`): none of its runs is "cached"
+    cached = [not refresh and dry_run.updates() is None and is_cached(cfg) for cfg in configs]
     images = [_training_images(cfg) for cfg in configs]
     left = sum(n for n, c in zip(images, cached, strict=True) if not c)
     if progress and left:
