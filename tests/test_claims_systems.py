@@ -82,6 +82,23 @@ def test_slowmo_quality_did_not_hold_when_sgp_part_fails():
     assert "SlowMo restores SGP" in rows[0]["verdict"]
 
 
+def test_slowmo_restoration_is_not_testable_where_the_loss_is_not_shown():
+    # local SGD alone vs H = 1: -1 and +0.5 points (straddles 0: loss not established); SlowMo
+    # below local SGD alone in both seeds: no "did not hold" from a restoration of nothing
+    rows = slowmo_rows({SYNC: [60, 62], LOCAL: [61, 61.5], SLOW: [60.5, 61]})
+    v = rows[0]["verdict"]
+    assert outcome(rows[0]) == c.INCONCLUSIVE, v
+    assert "SlowMo restores local SGD" in v and c.NOT_TESTABLE in v
+    assert "nothing is shown to restore; measured -0.5 points" in v
+
+
+def test_slowmo_quality_did_not_hold_when_the_base_gains_quality():
+    # local SGD alone beats H = 1 in every seed: the claim's premise fails
+    rows = slowmo_rows({SYNC: [55, 57], LOCAL: [60, 62], SLOW: [61, 63]})
+    assert outcome(rows[0]) == c.NOT_HELD
+    assert c.NOT_TESTABLE in rows[0]["verdict"]
+
+
 def test_slowmo_quality_one_seed_is_inconclusive():
     rows = slowmo_rows({SYNC: [60], LOCAL: [55], SLOW: [58]})
     assert outcome(rows[0]) == c.INCONCLUSIVE
@@ -335,10 +352,23 @@ def test_timing_claim_not_measurable_without_finite_errors():
     assert v.startswith(c.NOT_MEASURABLE) and "nan" not in v.lower()
 
 
-def test_timing_queue_claim_single_runs_are_inconclusive():
+def test_timing_claims_with_one_repeat_per_run_are_judged_over_the_runs():
+    # the claim is about the model across configurations: with one repeat per run the runs'
+    # errors are the spread (2, 3, 4 %: all within 10 % and far from it -> held)
+    rows = tv_claims({"local2": [0.02], "local4": [-0.03], "local8": [0.04]})
+    row = claim(rows, "all runs")
+    assert outcome(row) == c.HELD, row["verdict"]
+    assert "over the runs: 3 % ± 1 % over 3 runs" in row["verdict"]
+    assert "local2, 8 processes: inconclusive at this scale" in row["verdict"]  # per run kept
+    # one run far outside straddles the threshold across runs: inconclusive, not held
+    mixed = claim(tv_claims({"local2": [0.02], "local4": [-0.03], "local8": [0.30]}), "all runs")
+    assert outcome(mixed) == c.INCONCLUSIVE and "spread over runs" in mixed["verdict"]
+
+
+def test_timing_queue_claim_single_runs_are_judged_over_the_runs():
     rows = tv_claims({"local2": [0.02, 0.03]}, queue=queue_table([0.01, -0.03]))
     q = claim(rows, "mechanism=hosts ahead; all runs")
-    assert outcome(q) == c.INCONCLUSIVE and q["value"] == pytest.approx(3.0)
+    assert outcome(q) == c.HELD and q["value"] == pytest.approx(3.0)
     assert "Q=1 1.10x -> Q=2 1.20x measured" in q["verdict"]
     assert q["note"] == "fitted on calib"
     assert any(r["setting"] == "mechanism=hosts ahead; workers=8; run=local:2; Q=2"

@@ -21,6 +21,7 @@ from localsgd.timing.plan import format_plan, plan_schedules
 
 # `localsgd bench NAME ...` hands the rest of the command line to NAME's module `main(argv)`.
 BENCHES = {
+    "allocator": "localsgd.paper.bench.allocator",
     "averaging": "localsgd.paper.bench.averaging",
     "convex": "localsgd.paper.bench.convex",
     "ddp": "localsgd.paper.bench.ddp",

@@ -155,22 +155,32 @@ def quality_verdict(final: pd.DataFrame) -> str:
     base algorithm that ran alone, two parts, each a per-seed paired test-accuracy difference
     against the threshold 0: H = 1 minus the base alone (> 0: the base loses quality) and the
     best SlowMo variant over that base minus the base alone (> 0: SlowMo restores some; best by
-    mean over seeds, selection not corrected)."""
+    mean over seeds, selection not corrected).
+
+    The second part rests on the first: where the base's loss is not established (its part is
+    inconclusive or did not hold), there is nothing shown to restore, so the restoration part is
+    *not testable* (its measured difference is kept in the reason) and cannot decide the claim."""
     parts: list[tuple[str, claims.Verdict]] = []
     for base, alone in (("local SGD", LOCAL_ALONE), ("SGP", SGP_ALONE)):
         if alone not in set(final.variant):
             continue
+        premise = None
         if SYNC_VARIANT in set(final.variant):
-            parts.append((f"{alone} loses quality", claims.verdict(
-                _paired(final, SYNC_VARIANT, alone), 0.0, unit=" points",
-                what=f"H = 1 minus {alone}")))
+            premise = claims.verdict(_paired(final, SYNC_VARIANT, alone), 0.0, unit=" points",
+                                     what=f"H = 1 minus {alone}")
+            parts.append((f"{alone} loses quality", premise))
         mask = (final.base == base) & final.slowmo
         best = _best(final, mask)
         if best is None:
             continue
         n = final[mask].variant.nunique()
-        parts.append((f"SlowMo restores {base} (best of {n}: {best})", claims.verdict(
-            _paired(final, best, alone), 0.0, unit=" points", what=f"best SlowMo minus {alone}")))
+        restored = claims.verdict(_paired(final, best, alone), 0.0, unit=" points",
+                                  what=f"best SlowMo minus {alone}")
+        if premise is not None and premise.outcome in (claims.INCONCLUSIVE, claims.NOT_HELD):
+            restored = claims.not_testable(
+                f"{alone} is not shown to lose quality ({premise.outcome}), so nothing is "
+                f"shown to restore; measured {restored.reason}", what=f"best SlowMo minus {alone}")
+        parts.append((f"SlowMo restores {base} (best of {n}: {best})", restored))
     if not parts:
         return str(claims.verdict([], 0.0, what="paired test-accuracy difference"))
     return _parts(parts, " (test top-1, paired by seed; the best SlowMo setting is selected, "
