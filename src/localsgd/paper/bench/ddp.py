@@ -394,8 +394,15 @@ def summarize(steps: pd.DataFrame, meta_rows: pd.DataFrame) -> pd.DataFrame:
     eager = out[out["mode"] == "eager"].set_index(["model", "world"])["step_ms"]
     key = list(zip(out.model, out.world, strict=True))
     out["eager_step_ms"] = [eager.get(k, float("nan")) for k in key]
-    # speed relative to eager: > 1 is faster; (1 - speed) is the throughput lost
+    # speed relative to eager: > 1 is faster; (1 - speed) is the throughput lost. With rounds,
+    # the mean of the per-round ratios (modes interleaved within a round: the paired estimate
+    # the verdicts use, so it lies inside speed_lo..speed_hi); else the medians' ratio
     out["speed_vs_eager"] = out["eager_step_ms"] / out["step_ms"]
+    if "eager" in per_round.columns:
+        paired = ratios.groupby(["model", "world", "mode"]).r.mean()
+        key3 = list(zip(out.model, out.world, out["mode"], strict=True))
+        out["speed_vs_eager"] = [paired.get(k, v) for k, v in zip(key3, out.speed_vs_eager,
+                                                                   strict=True)]
     rel = []
     for m, w, mode in zip(out.model, out.world, out["mode"], strict=True):
         if "eager" not in loss.columns or mode not in loss.columns:

@@ -158,10 +158,11 @@ def _worst(summary: pd.DataFrame, mode: str, sign: float) -> float:
 def summary_claims(summary: pd.DataFrame, steps: pd.DataFrame, *, mode: str,
                    world_sizes: Sequence[int], ddp_models: Sequence[str], compile_backend: str,
                    bucket_cap_mb: float) -> list[dict]:
-    """The post's "Summary" rows (keys of ``papers/dynamo_ddp_update/reported.csv``): max
-    slowdown without DDPOptimizer (claim: the lost overlap, `mechanism_verdict`), max slowdown
-    with it (claim: <= 1 %, `optimizer_verdict`) and, with TorchInductor, the max speed-up
-    (the post's "up to 15 %" on 64 GPUs: a value, no claim at this scale). ``summary``:
+    """The post's "Summary" rows (keys of ``papers/dynamo_ddp_update/reported.csv``): the first
+    all-reduce's start without DDPOptimizer (claim: the lost overlap, `mechanism_verdict`), max
+    slowdown with it (claim: <= 1 %, `optimizer_verdict`), with TorchInductor the max speed-up
+    (the post's "up to 15 %" on 64 GPUs: a value, no claim at this scale), and the max slowdown
+    without DDPOptimizer (the post's 25 %: a value beside the source, not judged). ``summary``:
     `label_configs` of the benchmark's summary; ``steps``: its per-step rows."""
     note = (f"{mode}: {'/'.join(map(str, world_sizes))} gloo CPU processes, 1 thread each, "
             f"models {', '.join(ddp_models)}, {compile_backend}, {bucket_cap_mb:g} MiB buckets; "
@@ -169,10 +170,13 @@ def summary_claims(summary: pd.DataFrame, steps: pd.DataFrame, *, mode: str,
             "slowdown % = 100 (1 - speed) (throughput lost, the source's arithmetic for its "
             "25 %), speed-up % = 100 (speed - 1)")
     rounds = per_round(steps)
+    raw = rounds[rounds["mode"] == "no_optimization"]
+    earliest = (raw.groupby(_KEYS).first_allreduce_at.mean().min() if len(raw) else None)
     rows = [
         claims.claim_row(
-            "Summary", "DDP + dynamo without DDPOptimizer vs DDP eager", "max slowdown",
-            _worst(summary, "no_optimization", 1.0), unit="%", note=note,
+            "Summary", "DDP + dynamo without DDPOptimizer vs DDP eager", "first all-reduce at",
+            earliest, unit="x backward compute", note=note + "; value: the earliest "
+            "configuration's mean over rounds of the first bucket's all-reduce start",
             claim="without graph splitting no all-reduce can start before backward ends, so "
                   "compiled DDP loses the overlap: up to 25 % slower than eager (more than one "
                   "node)", verdict=mechanism_verdict(summary, rounds)),
@@ -187,6 +191,13 @@ def summary_claims(summary: pd.DataFrame, steps: pd.DataFrame, *, mode: str,
             "Summary", "DDP + dynamo + DDPOptimizer vs DDP eager; GPUs=64; backend=inductor",
             "max speed-up", _worst(summary, "ddp_optimizer", -1.0), unit="%",
             note=note + "; not 64 GPUs: the source's key, our reduced setting"))
+    # the post's 25 % is a multi-node number: on one shared CPU the slowdown is noise around
+    # whatever the processes' contention gives, so it is shown beside the source, never judged
+    rows.append(claims.claim_row(
+        "Summary", "DDP + dynamo without DDPOptimizer vs DDP eager", "max slowdown",
+        _worst(summary, "no_optimization", 1.0), unit="%",
+        note=note + "; not judged: one shared CPU is not 8 nodes (the claim is judged on the "
+                    "mechanism, the first all-reduce's start)"))
     return rows
 
 
