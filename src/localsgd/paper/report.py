@@ -50,7 +50,8 @@ SIG_FIGS = 4  # numbers in the report and the README table
 RESULT_METRIC = re.compile(
     r"speed-up|slowdown|top-1|acc|error|loss|training time|running time|time ratio|"
     r"time-to-accuracy|latency|^parameters$|flops|syncs|^best |scaling advantage|scaling ratio|"
-    r"^f\*$|overcomes|threshold|bounds|^extra |models passing|new issues", re.IGNORECASE)
+    r"^f\*$|overcomes|threshold|bounds|^extra |models passing|new issues|all-reduce at",
+    re.IGNORECASE)
 SETTING_METRIC = re.compile(r"^target ", re.IGNORECASE)  # e.g. a time-to-accuracy target
 # results that are arithmetic on the model or the schedule (parameter and FLOP counts, their
 # ratio, synchronisation counts): a correct implementation gets them exactly, so a match is a
@@ -666,11 +667,17 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
 def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None,
                  readme: Path | None = None) -> Path:
     """Write REPORT.md; also refresh the README's results table (``readme``, or the
-    ``README.md`` beside a folder named ``figures``) when that README has the markers."""
+    ``README.md`` beside a folder named ``figures``) when that README has the markers, and,
+    for the checkout's own figures/, the numbers prose quotes (`prose_numbers.refresh`)."""
     out = out or figures_dir / "REPORT.md"
     path = write_text(out, render(papers_dir, figures_dir))
     if readme is None and Path(figures_dir).name == "figures":
         readme = Path(figures_dir).parent / "README.md"
     if readme is not None and Path(readme).is_file():
         update_readme(Path(readme), papers_dir, figures_dir)
+    from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
+
+    if Path(figures_dir).resolve() == prose_numbers.FIG.resolve():
+        for line in prose_numbers.refresh():  # numbers quoted in prose, from these figures
+            print(f"prose: {line}")
     return path

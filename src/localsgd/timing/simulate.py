@@ -163,8 +163,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        Q ≥ 2: PyTorch's asynchronous CUDA execution — NCCL collectives and DDP's all-reduce block the
        device stream, not the host, so a host keeps enqueueing while its GPU waits for a
        straggler elsewhere, and its own later stall is then hidden by that backlog; stalls of
-       different workers overlap instead of adding up (issue 11 item 3, "how a stall interacts
-       with queued device work"; the blog's snippet does not show whether its loop synchronised).
+       different workers overlap instead of adding up (how a stall interacts with queued device
+       work; the blog's snippet does not show whether its loop synchronised).
        ``sync_queue_steps`` (None: = ``queue_steps``) sets it for the synchronous schemes alone
        (kind "sync"), e.g. a DDP baseline whose loop blocks the host every step beside averaging
        schemes whose hosts run ahead;

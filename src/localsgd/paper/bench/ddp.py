@@ -1,7 +1,7 @@
 """Benchmark: per-step time of eager DDP vs ``torch.compile``'d DDP, with and without DDPOptimizer.
 
 Source: "TorchDynamo Update 9: Making DDP Work with TorchDynamo" (PyTorch dev-discuss;
-``shared/seeds/002_*``, numbers in ``papers/dynamo_ddp_update/reported.csv``). Eager DDP starts
+numbers in ``papers/dynamo_ddp_update/reported.csv``). Eager DDP starts
 each gradient bucket's all-reduce as soon as the bucket is ready, overlapping communication with
 the rest of backward (section "Background"). A Dynamo graph without breaks produces all gradients
 at the end of one compiled backward, so no all-reduce can start before backward ends; DDPOptimizer

@@ -1,4 +1,4 @@
-"""The timing model checked against real runs of the torchrun runner (issue 11, item 2).
+"""The timing model checked against real runs of the torchrun runner.
 
 `localsgd.timing.simulate.simulate` predicts the wall-clock time of synchronous, local and
 hierarchical SGD with stragglers. Here the same configurations run for real:
