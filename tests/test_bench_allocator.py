@@ -7,15 +7,15 @@ import json
 import subprocess
 import sys
 
-from localsgd.paper import reproduce
+from localsgd.paper.bench import allocator
 
 
 def test_the_harness_sets_the_allocator_for_its_kernels_unless_the_caller_did(monkeypatch):
-    for var in reproduce.ALLOCATOR_ENV:
+    for var in allocator.ALLOCATOR_ENV:
         monkeypatch.delenv(var, raising=False)
-    assert reproduce.allocator_env() == reproduce.ALLOCATOR_ENV
+    assert allocator.allocator_env() == allocator.ALLOCATOR_ENV
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")  # the caller's choice wins
-    assert reproduce.allocator_env()["MALLOC_MMAP_THRESHOLD_"] == "131072"
+    assert allocator.allocator_env()["MALLOC_MMAP_THRESHOLD_"] == "131072"
 
 
 def test_bench_allocator_runs_both_allocators_in_fresh_processes():
@@ -25,4 +25,4 @@ def test_bench_allocator_runs_both_allocators_in_fresh_processes():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["images_per_s_default"] > 0 and result["images_per_s_kept"] > 0
     assert result["ratios"] == [result["images_per_s_kept"] / result["images_per_s_default"]]
-    assert result["allocator_env"] == reproduce.ALLOCATOR_ENV
+    assert result["allocator_env"] == allocator.ALLOCATOR_ENV

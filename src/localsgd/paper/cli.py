@@ -364,10 +364,22 @@ def _reproduce(args: argparse.Namespace) -> int:
                               jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
     if not args.no_report and papers.is_dir():  # converged runs: a section of base_dir's
-        print(f"report: {write_report(papers, base_dir)}")
+        print(f"report: {_report(papers, base_dir)}")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
     return _exit_code(results)
+
+
+def _report(papers: Path, figures: Path) -> Path:
+    """REPORT.md and README's table (`report.write_report`), then, for the checkout's own
+    figures/, the numbers README, docs/ and notes quote (`prose_numbers.refresh`)."""
+    from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
+
+    path = write_report(papers, figures)
+    if Path(figures).resolve() == prose_numbers.FIG.resolve():
+        for line in prose_numbers.refresh():
+            print(f"prose: {line}")
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reproduce":
             return _reproduce(args)
         if args.command == "report":
-            print(write_report(args.papers, args.figures))
+            print(_report(args.papers, args.figures))
             return 0
         if args.command == "plan":
             return _plan(args)

@@ -667,17 +667,12 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
 def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None,
                  readme: Path | None = None) -> Path:
     """Write REPORT.md; also refresh the README's results table (``readme``, or the
-    ``README.md`` beside a folder named ``figures``) when that README has the markers, and,
-    for the checkout's own figures/, the numbers prose quotes (`prose_numbers.refresh`)."""
+    ``README.md`` beside a folder named ``figures``) when that README has the markers. The
+    numbers prose quotes are refreshed by the command (`localsgd.paper.cli`), not here."""
     out = out or figures_dir / "REPORT.md"
     path = write_text(out, render(papers_dir, figures_dir))
     if readme is None and Path(figures_dir).name == "figures":
         readme = Path(figures_dir).parent / "README.md"
     if readme is not None and Path(readme).is_file():
         update_readme(Path(readme), papers_dir, figures_dir)
-    from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
-
-    if Path(figures_dir).resolve() == prose_numbers.FIG.resolve():
-        for line in prose_numbers.refresh():  # numbers quoted in prose, from these figures
-            print(f"prose: {line}")
     return path

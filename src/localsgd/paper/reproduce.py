@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from localsgd.paper import profile as profile_mod
 from localsgd.paper import run_progress
+from localsgd.paper.bench.allocator import allocator_env
 from localsgd.paper.notebook import HEADLESS_ENV, ParameterError
 
 MODES = ("smoke", "quick", "paper", "converged")
@@ -398,22 +399,6 @@ def _kernel_manager_class() -> type:
     return HarnessKernelManager
 
 
-# glibc's allocator returns every large freed block to the kernel (mmap/munmap) and takes it
-# back with fresh zeroed pages on the next step: on a 2-core AMD EPYC half the CPU time of a
-# batch-2,048 ResNet-20 step went to the kernel. Keeping freed memory in the process: 2.1x the
-# images/s at batch 2,048 and 1.15x at 128 (docs/notebooks.md, "Allocator"); results bitwise
-# unchanged (where memory comes from does not change arithmetic). Kernels inherit these.
-ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
-
-
-def allocator_env() -> dict[str, str]:
-    """Set `ALLOCATOR_ENV` for the notebook kernels this process starts, where the caller has
-    not set the variables itself; returns what is in force."""
-    for var, value in ALLOCATOR_ENV.items():
-        os.environ.setdefault(var, value)
-    return {var: os.environ[var] for var in ALLOCATOR_ENV}
-
-
 def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path, cwd: Path,
         kernel: str = "python3", progress: bool = True, sets: dict[str, Any] | None = None,
         overrides: dict[str, Any] | None = None, profiled: bool = False, jobs: int = 1,
@@ -433,7 +418,7 @@ def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path,
     differ at round-off level between thread counts, and the same command always gives a
     notebook the same count. Results come back in ``specs`` order.
     """
-    allocator_env()
+    allocator_env()  # kept freed memory, for the kernels this starts
     kwargs = {"mode": mode, "out_dir": out_dir, "build_dir": build_dir, "cwd": cwd,
               "kernel": kernel, "sets": sets, "overrides": overrides, "profiled": profiled,
               "progress": progress}

@@ -1,7 +1,7 @@
 """Benchmarks, one module each, every one a ``main(argv)`` behind ``localsgd bench NAME``:
 
 * `localsgd.paper.bench.allocator`: CPU training images/s with glibc's default allocator vs
-  the harness's (`localsgd.paper.reproduce.ALLOCATOR_ENV`).
+  the harness's (`ALLOCATOR_ENV`, which `localsgd reproduce` gives its kernels).
 * `localsgd.paper.bench.averaging`: our flat-buffer averager vs torch's ``average_parameters``.
 * `localsgd.paper.bench.replicas`: samples/s of the replica engines vs one plain model.
 * `localsgd.paper.bench.ddp`: DDP eager vs TorchDynamo's DDP modes (``optimize_ddp``).

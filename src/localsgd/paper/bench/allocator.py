@@ -1,7 +1,7 @@
 """``localsgd bench allocator``: training images/s of one CPU model with glibc's default
-allocator against `localsgd.paper.reproduce.ALLOCATOR_ENV` (freed memory kept in the process),
-each in its own fresh process (glibc reads the variables at start), alternating, median over
-``--pairs`` paired runs, with the ratio of each pair.
+allocator against `ALLOCATOR_ENV` (freed memory kept in the process: what `localsgd reproduce`
+gives its kernels, `allocator_env`), each in its own fresh process (glibc reads the variables
+at start), alternating, median over ``--pairs`` paired runs, with the ratio of each pair.
 
 On a 2-core AMD EPYC the default allocator spent half of a batch-2,048 step in the kernel
 (mmap / munmap and zeroing fresh pages each step)."""
@@ -15,9 +15,22 @@ import subprocess
 import sys
 import time
 
-from localsgd.paper.bench.common import emit, machine
+__all__ = ["ALLOCATOR_ENV", "allocator_env", "main", "step_rate"]
 
-__all__ = ["main", "step_rate"]
+# glibc's allocator returns every large freed block to the kernel (mmap/munmap) and takes it
+# back with fresh zeroed pages on the next step: on a 2-core AMD EPYC half the CPU time of a
+# batch-2,048 ResNet-20 step went to the kernel. Keeping freed memory in the process gives
+# several times the images/s at batch 2,048 (docs/notebooks.md, "Allocator"); results bitwise
+# unchanged (where memory comes from does not change arithmetic). Kernels inherit these.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**32), "MALLOC_TRIM_THRESHOLD_": str(2**36)}
+
+
+def allocator_env() -> dict[str, str]:
+    """Set `ALLOCATOR_ENV` for the processes this one starts (notebook kernels), where the caller has
+    not set the variables itself; returns what is in force."""
+    for var, value in ALLOCATOR_ENV.items():
+        os.environ.setdefault(var, value)
+    return {var: os.environ[var] for var in ALLOCATOR_ENV}
 
 
 def step_rate(model: str, width: float, batch: int, steps: int) -> float:
@@ -51,7 +64,7 @@ def _child(args: argparse.Namespace, env: dict[str, str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from localsgd.paper.reproduce import ALLOCATOR_ENV
+    from localsgd.paper.bench.common import emit, machine  # deferred: imports torch
 
     p = argparse.ArgumentParser(prog="localsgd bench allocator", description=__doc__)
     p.add_argument("--model", default="resnet20")
