@@ -163,8 +163,8 @@ NUM = r"(−?\d+(?:\.\d+)?)"
 
 CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
     # README's verdict
-    ("README.md", rf"\"3× faster\" is matched \({NUM}×, within the stopping resolution\), its \"more than 2×\" "
-     rf"does not hold \({NUM}×\)",
+    ("README.md", (rf"\"3× faster\" is matched \({NUM}×, within the stopping resolution\), its "
+                  rf"\"more than 2×\" does not hold \({NUM}×\)"),
      lambda: (compare(FIG04, SET_256), compare(FIG04, SET_64))),
     ("README.md", rf"and {NUM} of {NUM} Table 4 numbers reproduce", table04_reproduced),
     ("README.md", rf"H = 1 ends at {NUM}–{NUM} %",

@@ -139,6 +139,13 @@ def model_disagrees(predicted: float, low: float, high: float | None = None, *,
                    f"{what} predicted {predicted:.3g}{unit}, {side} the source's {source}")
 
 
+def model_outcome(outcome: str) -> str:
+    """The outcome of a claim judged on a model's prediction for the source's own setting: where
+    the prediction lands on the wrong side, that is the model disagreeing with the source
+    (`MODEL_DISAGREES`), not the source's claim failing; every other outcome stands."""
+    return MODEL_DISAGREES if outcome == NOT_HELD else outcome
+
+
 def combine(verdicts: Sequence[Verdict]) -> str:
     """One outcome for a claim made of several parts (e.g. one per model): held only if every
     decided part held; did not hold if any part did not; the model disagrees if any part's
