@@ -52,6 +52,19 @@ def test_refresh_rewrites_a_stale_number_as_the_text_rounds_it(tmp_path):
     assert "multi-process\nruns" in (tmp_path / path).read_text()  # the line break kept
 
 
+def test_refresh_leaves_a_number_it_cannot_compute_and_says_why(tmp_path, monkeypatch):
+    path, pattern, _ = CHECKS[0]
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / path, tmp_path / path)
+    before = (tmp_path / path).read_text(encoding="utf-8")
+    monkeypatch.setattr(pn, "CHECKS", [(path, pattern, lambda: (float("nan"),) * 2),
+                                       (path, pattern, lambda: (1.0,))])
+    lines = pn.refresh(tmp_path)
+    assert [line.split(":")[0] for line in lines] == ["not refreshed", "not refreshed"]
+    assert "non-finite" in lines[0] and "has 2 numbers, figures/ gave 1" in lines[1]
+    assert (tmp_path / path).read_text(encoding="utf-8") == before
+
+
 def test_refresh_writes_minus_signs_as_the_docs_do():
     assert pn._fmt(-0.493333, "0.30") == f"{MINUS}0.49"
     assert pn._fmt(-0.001, "0.30") == "0.00"  # no negative zero

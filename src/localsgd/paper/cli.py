@@ -364,19 +364,24 @@ def _reproduce(args: argparse.Namespace) -> int:
                               jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
     if not args.no_report and papers.is_dir():  # converged runs: a section of base_dir's
-        print(f"report: {_report(papers, base_dir)}")
+        ok = args.mode != "smoke" and all(r.status in ("ok", "skipped") for r in results)
+        print(f"report: {_report(papers, base_dir, prose=ok)}")
+        if not ok:
+            print("prose numbers not refreshed (smoke mode or a failed notebook): "
+                  "`localsgd report` refreshes them")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
     return _exit_code(results)
 
 
-def _report(papers: Path, figures: Path) -> Path:
+def _report(papers: Path, figures: Path, *, prose: bool = True) -> Path:
     """REPORT.md and README's table (`report.write_report`), then, for the checkout's own
-    figures/, the numbers README, docs/ and notes quote (`prose_numbers.refresh`)."""
+    figures/ and unless ``prose`` is False (a smoke run, a failed notebook), the numbers
+    README, docs/ and notes quote (`prose_numbers.refresh`)."""
     from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
 
     path = write_report(papers, figures)
-    if Path(figures).resolve() == prose_numbers.FIG.resolve():
+    if prose and Path(figures).resolve() == prose_numbers.FIG.resolve():
         for line in prose_numbers.refresh():
             print(f"prose: {line}")
     return path

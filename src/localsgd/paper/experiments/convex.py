@@ -264,8 +264,9 @@ def fig5_claims(table: pd.DataFrame, *, B_loc: int, Hs: Sequence[int], epsilon: 
 
     Each stopping time is known to ``rel_resolution`` (the section comment), so part (1)'s ratio
     is known to about twice that: within it, H's that tie are not told apart (inconclusive).
-    The row's value, "best H", is likewise the set of H's whose speed-up lies within
-    ``rel_resolution`` of the best; the value is the largest of them and the note lists them all.
+    The row's value, "best H", is likewise the H whose speed-up lies alone within that band of
+    the best; where several do (a tie), the value is empty (nothing to set beside the source's
+    single H) and the note lists them.
     """
     at = table[table.K == K_small]
     if not len(at):
@@ -280,10 +281,11 @@ def fig5_claims(table: pd.DataFrame, *, B_loc: int, Hs: Sequence[int], epsilon: 
     others = [s for s in others if math.isfinite(s)]
     lead = speedup(at, h_max) / max(others) if others and max(others) > 0 else math.nan
     finite = at[np.isfinite(at.speedup)]
-    tied = finite[finite.speedup >= finite.speedup.max() * (1 - rel_resolution)] \
+    # two speed-ups each known to rel_resolution differ by up to about twice that
+    tied = finite[finite.speedup >= finite.speedup.max() * (1 - 2 * rel_resolution)] \
         if len(finite) else finite
-    best_h = int(tied.H.max()) if len(tied) else None
-    best_s = (f"{finite.speedup.max():.2f}; best H within the {rel_resolution:.0%} stopping "
+    best_h = int(tied.H.iloc[0]) if len(tied) == 1 else None  # a tie names no single best H
+    best_s = (f"{finite.speedup.max():.2f}; H within twice the {rel_resolution:.0%} stopping "
               "resolution of the best speed-up: " + ", ".join(
                   f"{int(r.H)} ({r.speedup:.2f}x)" for r in tied.sort_values("H").itertuples())
               if len(finite) else "none finite")
