@@ -249,3 +249,32 @@ def test_jobs_run_untimed_notebooks_together_and_timed_ones_alone(tmp_path, monk
     # environment is left as it was
     assert a["headless"] == b["headless"] == c["headless"] == "1"
     assert "LOCALSGD_HEADLESS" not in os.environ
+
+
+def test_source_value_reads_one_reported_number_and_refuses_a_missing_one():
+    from localsgd.paper import notebook
+
+    assert notebook.source_value("Figure 4", "K=16; B_loc=256; H=1 vs B_loc=16; H=16",
+                                 "time ratio") == 3.0
+    with pytest.raises(KeyError, match="0 rows for 'Figure 4'"):
+        notebook.source_value("Figure 4", "no such setting", "time ratio")
+
+
+def test_source_note_is_kept_by_the_saved_figure(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from localsgd.paper import notebook
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1])
+    fig.savefig(tmp_path / "bare.png", dpi=50, bbox_inches="tight")
+    notebook.source_note(fig, ["source: 3x", "here: 1.64x"])
+    fig.savefig(tmp_path / "noted.png", dpi=50, bbox_inches="tight")
+    plt.close(fig)
+    height = {n: plt.imread(tmp_path / f"{n}.png").shape[0] for n in ("bare", "noted")}
+    assert height["noted"] > height["bare"]  # the two lines below the axes are in the file
+    assert notebook.ratio_text(1.6401) == "1.64x"
+    assert notebook.ratio_text(float("nan")) == notebook.ratio_text(None) == "not measurable"

@@ -87,3 +87,43 @@ def test_the_readme_names_the_converged_verdicts_the_figures_give():
     assert f"(Table 5's match *{t5}*)" in text
     assert f"(Fig. 6c's *{fig6}*)" in text
     assert speed.startswith("not testable") and "3× speed-up is *not testable* on a CPU" in text
+
+
+def test_no_result_number_is_copied_outside_a_generated_block():
+    # README, docs/ and notes: every copy of a figures/ result is generated or registered
+    assert pn.unlinked() == []
+
+
+def _prose_root(tmp_path, text):
+    """A checkout with the real figures/ and papers/ and one docs page holding ``text``."""
+    for name in ("figures", "papers"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def test_the_search_finds_a_copied_result_and_where_it_is(tmp_path):
+    f_star = f"{pn.fstar()[0]:.7f}"  # a result: our exact f*, rounded as prose would
+    root = _prose_root(tmp_path, f"intro\n\nOur solve gives {f_star} here.\n")
+    assert pn.unlinked(root) == [
+        (f"docs/page.md:3: {f_star} equals a result in figures/ but is neither generated nor "
+         "registered in prose_numbers.CHECKS")]
+
+
+def test_the_search_skips_generated_blocks_code_source_values_and_short_numbers(tmp_path):
+    f_star = f"{pn.fstar()[0]:.7f}"
+    text = (f"<!-- results:begin -->\n{f_star}\n<!-- results:end -->\n"
+            f"`--set x={f_star}` and\n```bash\necho {f_star}\n```\n"
+            "the paper prints 0.126433176216545 (a source value); width 0.25; torch 2.14.1\n")
+    assert pn.unlinked(_prose_root(tmp_path, text)) == []
+
+
+def test_report_check_exits_nonzero_on_a_problem(monkeypatch, capsys):
+    from localsgd.paper import cli
+
+    monkeypatch.setattr(pn, "unlinked", lambda: ["docs/page.md:3: 1.234 equals a result"])
+    assert cli.main(["report", "--check"]) == 1
+    assert "docs/page.md:3: 1.234" in capsys.readouterr().out
+    monkeypatch.setattr(pn, "unlinked", list)
+    assert cli.main(["report", "--check"]) == 0

@@ -74,6 +74,10 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="write figures/REPORT.md (paper vs reproduced)")
     rep.add_argument("--papers", type=Path, default=root / "papers")
     rep.add_argument("--figures", type=Path, default=root / "figures")
+    rep.add_argument("--check", action="store_true",
+                     help="write nothing; list every number README, docs/ and papers/*/notes.md "
+                     "quote that differs from figures/ or copies a result outside a generated "
+                     "block or registered quote (localsgd.paper.prose_numbers); exit 1 if any")
 
     b = sub.add_parser("bench", help="benchmarks; `localsgd bench NAME --help` for options")
     b.add_argument("name", choices=sorted(BENCHES))
@@ -374,6 +378,18 @@ def _reproduce(args: argparse.Namespace) -> int:
     return _exit_code(results)
 
 
+def _check_prose() -> int:
+    """`localsgd report --check`: stale quoted numbers and unregistered copies of results."""
+    from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
+
+    problems = prose_numbers.stale() + prose_numbers.unlinked()
+    for line in problems:
+        print(line)
+    print(f"prose numbers: {len(prose_numbers.CHECKS)} registered quotes, "
+          f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 def _report(papers: Path, figures: Path, *, prose: bool = True) -> Path:
     """REPORT.md and README's table (`report.write_report`), then, for the checkout's own
     figures/ and unless ``prose`` is False (a smoke run, a failed notebook), the numbers
@@ -404,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "reproduce":
             return _reproduce(args)
         if args.command == "report":
+            if args.check:
+                return _check_prose()
             print(_report(args.papers, args.figures))
             return 0
         if args.command == "plan":

@@ -373,3 +373,31 @@ class Session:
             wall_seconds=t0 - self.t0, compare=compare)
         profile.record("save", figure=fig_id, seconds=self._clock() - t0)
         return written
+
+
+def source_value(artifact: str, setting: str, metric: str) -> float:
+    """One number the source reports (``papers/*/reported.csv``), for drawing it beside ours;
+    a row that is missing raises, so a figure never shows a source value nobody recorded."""
+    from localsgd.paper import report
+    from localsgd.paper.results import repo_root
+
+    rep = report.load_reported(repo_root() / "papers")
+    row = rep[(rep["artifact"] == artifact) & (rep["setting"] == setting)
+              & (rep["metric"] == metric)]
+    if len(row) != 1:
+        raise KeyError(f"papers/*/reported.csv: {len(row)} rows for {artifact!r}, "
+                       f"{setting!r}, {metric!r} (expected one)")
+    return float(row["value"].iloc[0])
+
+
+def source_note(fig: Any, lines: Iterable[str]) -> None:
+    """Print the source's values beside ours under a figure, left-aligned below its axes (the
+    saved file's tight bounding box takes the text in)."""
+    fig.text(0.01, -0.01, "\n".join(lines), ha="left", va="top", fontsize=8.5,
+             color="0.2", transform=fig.transFigure)
+
+
+def ratio_text(value: Any) -> str:
+    """A ratio for a source note: "1.64x", or "not measurable" for a missing or NaN value."""
+    return f"{value:.2f}x" if isinstance(value, (int, float)) and math.isfinite(value) \
+        else "not measurable"

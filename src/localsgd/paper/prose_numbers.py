@@ -20,7 +20,7 @@ import pandas as pd
 
 from localsgd.paper.results import repo_root
 
-__all__ = ["CHECKS", "refresh", "stale"]
+__all__ = ["CHECKS", "MEASUREMENT_LOGS", "NOT_RESULTS", "refresh", "stale", "unlinked"]
 
 ROOT = repo_root()
 FIG = ROOT / "figures"
@@ -156,6 +156,12 @@ def blog_ranges() -> tuple[float, ...]:
     return tuple(out)
 
 
+def fstar() -> tuple[float]:
+    """Appendix E's f* as our Newton solve gives it (exact; the same in every mode)."""
+    return (compare(FIG04_Q, "w8a; lambda=1/n", "f*"),)
+
+
+RESNET50 = "model=ResNet-50; dataset=ImageNet-1k"
 FIG04 = "paper/fig04_convex_time"
 FIG04_Q = "fig04_convex_time"
 SET_64 = "K=16; B_loc=64; H=1 vs B_loc=16; H=16"
@@ -254,6 +260,27 @@ CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
     ("papers/lin2020_local_sgd/notes.md", (rf"done at full scale \(exact counts, every mode\): "
                                           rf"{NUM} of {NUM} numbers reproduced"),
      table04_reproduced),
+    # the exact f* of Appendix E's objective and Figure 4's paper-mode ratios
+    ("docs/convex.md", rf"our Newton solve gives {NUM} for the stated objective", fstar),
+    ("papers/lin2020_local_sgd/notes.md", rf"gives \*\*f\* = {NUM}, ", fstar),
+    ("papers/lin2020_local_sgd/notes.md", rf"no bias \| {NUM} \|", fstar),
+    ("papers/lin2020_local_sgd/notes.md", rf"## Figure 4 gap: \(64,1\)/\(16,16\) = {NUM} here",
+     lambda: (compare(FIG04, SET_64),)),
+    ("papers/lin2020_local_sgd/notes.md", rf"\| as implemented \| {NUM} \| {NUM} \|",
+     lambda: (compare(FIG04, SET_64), compare(FIG04, SET_256))),
+    ("papers/lin2020_local_sgd/notes.md", rf"We report {NUM} as measured",
+     lambda: (compare(FIG04, SET_64),)),
+    # Table 4's exact counts (millions of parameters, billions of multiply-adds or FLOPs)
+    ("papers/lin2020_local_sgd/notes.md", rf"torchvision's model has {NUM} M parameters",
+     lambda: (compare("table04_models", RESNET50, "parameters"),)),
+    ("papers/lin2020_local_sgd/notes.md",
+     rf"\(ResNet-20 {NUM} B, DenseNet {NUM} B, WRN {NUM} B",
+     lambda: tuple(compare("table04_models", f"model={m}; dataset=CIFAR-10", "flops per image")
+                   for m in ("ResNet-20", "DenseNet-40-12", "WideResNet-28-10"))),
+    ("papers/lin2020_local_sgd/notes.md", rf"torchvision's v1.5 costs {NUM} B",
+     lambda: (compare("table04_models", RESNET50, "flops per image"),)),
+    ("papers/cruise_meta_hsgd_blog/notes.md", rf"HSGD breaks even near a {NUM} % straggler",
+     lambda: (compare("blog_hsgd_stragglers", "mild stragglers", "slowdown threshold"),)),
 ]
 
 
@@ -346,3 +373,99 @@ def refresh(root: Path = ROOT) -> list[str]:
         if text != original:
             file.write_text(text, encoding="utf-8")
     return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# The search for result numbers nobody registered
+# ----------------------------------------------------------------------------------------------
+
+PROSE = ("README.md", "docs/*.md", "papers/*/notes.md")
+_BLOCK = re.compile(r"<!-- ([\w-]+):begin -->.*?<!-- \1:end -->", re.DOTALL)  # report-written
+_CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)  # commands and code: values, not results
+# a decimal number, not part of a version (2.14.1), a name or a power of ten (2.5e-4)
+_DECIMAL = re.compile(r"(?<![\w./])\d+\.\d+(?![\d.]*\d|e[-+]?\d)")
+
+# (file, number) pairs the search finds that are not copies of a result, each with why
+_STUDY = "a one-off variant study described in the text, not a figure's result"
+NOT_RESULTS: dict[tuple[str, str], str] = {
+    ("papers/lin2020_local_sgd/notes.md", "1.57"): _STUDY + " (three 3-seed groups)",
+    ("papers/lin2020_local_sgd/notes.md", "3.75"): _STUDY + " (sampling without replacement)",
+    ("papers/lin2020_local_sgd/notes.md", "3.22"): _STUDY + " (variants that left it unchanged)",
+    ("papers/lin2020_local_sgd/notes.md", "1.02"): "DenseNet's count with a 16-channel stem",
+    ("papers/lin2020_local_sgd/notes.md", "1.64"): "arithmetic on the source's Table 5 times",
+    ("docs/systems.md", "3.75"): "a fit to the source's Table 2 (deterministic, no run)",
+    ("docs/systems.md", "24.8"): "a fit to the source's Table 2 (deterministic, no run)",
+    ("docs/notebooks.md", "13.5"): "how long `make test` took (minutes), not a figure's result",
+}
+# developer measurements, each dated with its command (speed of this code, not of a claim)
+MEASUREMENT_LOGS = ("docs/benchmarks.md", "docs/profile.md", "docs/runner.md")
+
+
+def _significant(token: str) -> int:
+    return len(token.replace(".", "").lstrip("0"))
+
+
+def _our_numbers(root: Path) -> list[float]:
+    """Every result figures/ holds in a comparable form: the compare rows' values and the
+    numbers their verdicts quote (figures/, figures/paper/, figures/converged/)."""
+    out: list[float] = []
+    for path in sorted((root / "figures").glob("**/*.compare.csv")):
+        df = pd.read_csv(path, dtype=str)
+        out += [abs(float(v)) for v in df.get("value", pd.Series(dtype=str)).dropna()
+                if _is_float(v)]
+        for text in df.get("verdict", pd.Series(dtype=str)).dropna():
+            out += [float(t) for t in _DECIMAL.findall(text.replace(MINUS, "-"))]
+    return [v for v in out if math.isfinite(v)]
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _source_numbers(root: Path) -> list[float]:
+    vals = []
+    for path in sorted((root / "papers").glob("*/reported.csv")):
+        vals += [abs(float(v)) for v in pd.read_csv(path, dtype=str)["value"].dropna()
+                 if _is_float(v)]
+    return vals
+
+
+def unlinked(root: Path = ROOT) -> list[str]:
+    """One line per number in README, docs/ and papers/*/notes.md that equals a result in
+    figures/ (rounded as written) but sits outside a block `localsgd report` writes and
+    outside every registered quote of `CHECKS`: a copy that would go stale on the next run.
+
+    A number counts when it has a decimal point and at least three significant digits (fewer
+    match some result by chance); a number equal to one the sources report, or listed in
+    `NOT_RESULTS` with its reason, is not a copy of ours; `MEASUREMENT_LOGS` (dated speed
+    measurements with their commands) are not searched. A heuristic, stated as one: a result
+    quoted as an integer or with two digits ("5.5 %") is not found."""
+    ours, source = _our_numbers(root), _source_numbers(root)
+    registered: dict[str, list[str]] = {}
+    for path, pattern, _ in CHECKS:
+        registered.setdefault(path, []).append(pattern)
+    out = []
+    files = sorted({p.relative_to(root).as_posix() for g in PROSE for p in root.glob(g)}
+                   - set(MEASUREMENT_LOGS))
+    for path in files:
+        text = (root / path).read_text(encoding="utf-8")
+        spans = [m.span() for rx in (_BLOCK, _CODE) for m in rx.finditer(text)]
+        spans += [m.span(i) for pattern in registered.get(path, [])
+                  for m in _raw_pattern(pattern).finditer(text) for i in range(1, m.re.groups + 1)]
+        for m in _DECIMAL.finditer(text):
+            token = m.group()
+            if any(a <= m.start() < b for a, b in spans) or (path, token) in NOT_RESULTS:
+                continue
+            if _significant(token) < 3:
+                continue
+            if any(_equal(token, v) for v in source):
+                continue
+            if any(_equal(token, v) for v in ours):
+                line = text.count("\n", 0, m.start()) + 1
+                out.append(f"{path}:{line}: {token} equals a result in figures/ but is "
+                           "neither generated nor registered in prose_numbers.CHECKS")
+    return out
