@@ -247,6 +247,15 @@ def test_dynamo_mechanism_held_and_did_not_hold():
     assert outcome(early) == c.NOT_HELD
 
 
+def test_dynamo_mechanism_allows_the_end_of_backward_its_resolution():
+    # an unsplit graph starts at its end: rounds at 0.99 and 1.05 (the end, measured with
+    # jitter) hold; rounds straddling the last tenth of backward are inconclusive
+    at_end = dynamo_rows(*bench([98.0, 97.5], raw_fa=(0.99, 1.05)))[0]
+    assert outcome(at_end) == c.HELD and ">= 0.9" in at_end["verdict"]
+    straddle = dynamo_rows(*bench([98.0, 97.5], raw_fa=(0.8, 1.0)))[0]
+    assert outcome(straddle) == c.INCONCLUSIVE
+
+
 def test_dynamo_not_measurable_when_a_mode_did_not_run():
     rows = dynamo_rows(*bench([98.0, 97.5], modes=("eager",)))
     assert outcome(rows[0]) == c.NOT_MEASURABLE and outcome(rows[1]) == c.NOT_MEASURABLE

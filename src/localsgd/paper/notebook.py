@@ -378,10 +378,12 @@ class Session:
 def source_value(artifact: str, setting: str, metric: str) -> float:
     """One number the source reports (``papers/*/reported.csv``), for drawing it beside ours;
     a row that is missing raises, so a figure never shows a source value nobody recorded."""
-    from localsgd.paper import report
+    import pandas as pd
+
     from localsgd.paper.results import repo_root
 
-    rep = report.load_reported(repo_root() / "papers")
+    rep = pd.concat([pd.read_csv(p, dtype=str) for p in
+                     sorted((repo_root() / "papers").glob("*/reported.csv"))])
     row = rep[(rep["artifact"] == artifact) & (rep["setting"] == setting)
               & (rep["metric"] == metric)]
     if len(row) != 1:
