@@ -378,12 +378,9 @@ class Session:
 def source_value(artifact: str, setting: str, metric: str) -> float:
     """One number the source reports (``papers/*/reported.csv``), for drawing it beside ours;
     a row that is missing raises, so a figure never shows a source value nobody recorded."""
-    import pandas as pd
+    from localsgd.paper.results import load_reported, repo_root
 
-    from localsgd.paper.results import repo_root
-
-    rep = pd.concat([pd.read_csv(p, dtype=str) for p in
-                     sorted((repo_root() / "papers").glob("*/reported.csv"))])
+    rep = load_reported(repo_root() / "papers")
     row = rep[(rep["artifact"] == artifact) & (rep["setting"] == setting)
               & (rep["metric"] == metric)]
     if len(row) != 1:

@@ -23,9 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from localsgd.paper.experiments.claims import MEANING, OUTCOMES
-from localsgd.paper.results import write_text
+from localsgd.paper.results import load_reported, write_text
 
-REPORTED_COLUMNS = ["artifact", "setting", "metric", "value", "unit", "note"]
 KEY = ["artifact", "setting", "metric"]
 STATUS_FULL = "reproduced at full scale"
 STATUS_DIFFERS = "full scale, differs from the source"
@@ -94,23 +93,6 @@ README_END = "<!-- results:end -->"
 # ----------------------------------------------------------------------------------------------
 # Loading and joining
 # ----------------------------------------------------------------------------------------------
-
-
-def load_reported(papers_dir: Path) -> pd.DataFrame:
-    """All sources' reported numbers, with a ``source`` column (the folder name)."""
-    csvs = sorted(papers_dir.glob("*/reported.csv"))
-    if not csvs:
-        raise ValueError(f"no <source>/reported.csv under {papers_dir}; pass the repository's "
-                         "papers/ folder (--papers)")
-    frames = []
-    for csv in csvs:
-        df = pd.read_csv(csv, dtype={"setting": str, "metric": str, "unit": str, "note": str})
-        missing = [c for c in REPORTED_COLUMNS if c not in df.columns]
-        if missing:
-            raise ValueError(f"{csv}: missing columns {missing}; expected {REPORTED_COLUMNS}")
-        df.insert(0, "source", csv.parent.name)
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True)
 
 
 def load_ours(figures_dir: Path) -> pd.DataFrame:

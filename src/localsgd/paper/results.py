@@ -79,6 +79,26 @@ def repo_root() -> Path:
 INTERACTIVE_DIR = "build/interactive"
 
 
+REPORTED_COLUMNS = ["artifact", "setting", "metric", "value", "unit", "note"]
+
+
+def load_reported(papers_dir: Path) -> pd.DataFrame:
+    """All sources' reported numbers, with a ``source`` column (the folder name)."""
+    csvs = sorted(papers_dir.glob("*/reported.csv"))
+    if not csvs:
+        raise ValueError(f"no <source>/reported.csv under {papers_dir}; pass the repository's "
+                         "papers/ folder (--papers)")
+    frames = []
+    for csv in csvs:
+        df = pd.read_csv(csv, dtype={"setting": str, "metric": str, "unit": str, "note": str})
+        missing = [c for c in REPORTED_COLUMNS if c not in df.columns]
+        if missing:
+            raise ValueError(f"{csv}: missing columns {missing}; expected {REPORTED_COLUMNS}")
+        df.insert(0, "source", csv.parent.name)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
 def resolve_out_dir(out_dir: str | os.PathLike | None) -> Path:
     """A notebook's ``out_dir`` as an absolute path: ``None`` is ``INTERACTIVE_DIR`` and a
     relative path is taken from the repository root, so a notebook writes to the same place
