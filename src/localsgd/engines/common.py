@@ -1,4 +1,5 @@
-"""Helpers both engines share (replicas and DDP): worker streams, cloned state, accuracy counts."""
+"""Helpers both engines share (replicas and DDP): worker streams, cloned state, accuracy counts,
+and `ScheduledWorkers`, the counters and resume state every engine keeps."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["Batch", "Deferred", "PhaseClock", "clone_tensors", "count_correct", "cuda_rng_state",
-           "host_map", "read_step", "set_cuda_rng_state", "to_device", "worker_generator"]
+__all__ = ["Batch", "Deferred", "PhaseClock", "ScheduledWorkers", "clone_tensors", "count_correct",
+           "cuda_rng_state", "host_map", "read_step", "set_cuda_rng_state", "to_device", "worker_generator"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -67,6 +68,40 @@ def clone_tensors(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return type(obj)(clone_tensors(v) for v in obj)
     return obj
+
+
+class ScheduledWorkers:
+    """What every engine keeps, whatever runs its workers: the schedule and its `SyncDriver`
+    (``schedule``, ``driver``), the communicator (``comm``), one random stream per local worker
+    (``generators``) and a ``device``; from them the counters `localsgd.train.train` reads and
+    the part of a resume state all engines save alike."""
+
+    @property
+    def world_size(self) -> int:
+        """K, the number of workers of the run (all processes)."""
+        return self.schedule.topology.world_size
+
+    @property
+    def t(self) -> int:
+        """Completed local updates."""
+        return self.driver.t
+
+    def _common_state(self) -> dict:
+        return {
+            "driver": self.driver.state_dict(),
+            "comm": self.comm.state_dict(),
+            "generators": [g.get_state() for g in self.generators],
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": cuda_rng_state(self.device),
+        }
+
+    def _load_common_state(self, state: dict) -> None:
+        self.driver.load_state_dict(to_device(state["driver"], self.device))
+        self.comm.load_state_dict(state["comm"])  # copied into live tensors: keeps their device
+        for g, s in zip(self.generators, state["generators"], strict=True):
+            g.set_state(s.cpu())  # generator states are CPU byte tensors on every device
+        torch.set_rng_state(state["torch_rng"].cpu())
+        set_cuda_rng_state(state.get("cuda_rng"), self.device)
 
 
 class Deferred:

@@ -50,12 +50,10 @@ from localsgd.engines.common import (
     Batch,
     Deferred,
     PhaseClock,
+    ScheduledWorkers,
     clone_tensors,
     count_correct,
-    cuda_rng_state,
     read_step,
-    set_cuda_rng_state,
-    to_device,
     worker_generator,
 )
 from localsgd.outer import OuterUpdate
@@ -119,7 +117,7 @@ class _DDPCommunicator(DistributedCommunicator):
         return None
 
 
-class DDPEngine:
+class DDPEngine(ScheduledWorkers):
     """One worker of a torchrun job: DDP for gradient averaging, the core's averagers for model
     averaging, the shared `SyncDriver` for the schedule (see module docstring).
 
@@ -240,15 +238,6 @@ class DDPEngine:
         self._unread.clear()
 
     # -- the surface train() uses ----------------------------------------------------------------
-
-    @property
-    def world_size(self) -> int:
-        return self.schedule.topology.world_size
-
-    @property
-    def t(self) -> int:
-        """Completed local updates."""
-        return self.driver.t
 
     @property
     def local_ranks(self) -> list[int]:
@@ -373,10 +362,7 @@ class DDPEngine:
         return clone_tensors({
             "rank": self.rank, "world_size": self.world_size,
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "driver": self.driver.state_dict(), "comm": self.comm.state_dict(),
-            "generators": [g.get_state() for g in self.generators],
-            "torch_rng": torch.get_rng_state(), "cuda_rng": cuda_rng_state(self.device),
-            "timeline": list(self.timeline),
+            **self._common_state(), "timeline": list(self.timeline),
         })
 
     def load_state_dict(self, state: dict) -> None:
@@ -387,10 +373,5 @@ class DDPEngine:
                 "saved world size and each rank's own file")
         self.model.load_state_dict(state["model"])  # in place: stays a view of the flat buffer
         self.optimizer.load_state_dict(state["optimizer"])
-        self.driver.load_state_dict(to_device(state["driver"], self.device))
-        self.comm.load_state_dict(state["comm"])  # copied into live tensors: keeps their device
-        for g, s in zip(self.generators, state["generators"], strict=True):
-            g.set_state(s.cpu())  # generator states are CPU byte tensors on every device
-        torch.set_rng_state(state["torch_rng"].cpu())
-        set_cuda_rng_state(state.get("cuda_rng"), self.device)
+        self._load_common_state(state)
         self.timeline = list(state["timeline"])

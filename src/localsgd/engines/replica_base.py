@@ -1,5 +1,6 @@
 """What both replica engines (`localsgd.engines.replicas`) share: their base class ``_Engine``
-(schedule/driver bookkeeping, learning-rate schedule, resume state) and the `LossFn` type.
+(on top of `localsgd.engines.common.ScheduledWorkers`: worker streams, learning-rate schedule,
+batch checks) and the `LossFn` type.
 
 ``_Engine`` keeps its private name, imported by `localsgd.engines.replicas` and
 `localsgd.engines.batched` (tests/test_imports.py lists both): renaming it would change the
@@ -12,13 +13,7 @@ from typing import Any
 
 import torch
 
-from localsgd.engines.common import (
-    Batch,
-    cuda_rng_state,
-    set_cuda_rng_state,
-    to_device,
-    worker_generator,
-)
+from localsgd.engines.common import Batch, ScheduledWorkers, worker_generator
 from localsgd.engines.replica_stack import ReplicaCommunicator
 from localsgd.schedule import SyncDriver, SyncSchedule
 
@@ -27,7 +22,7 @@ __all__ = ["LossFn"]
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class _Engine:
+class _Engine(ScheduledWorkers):
     """What both replica engines share: schedule/driver bookkeeping, lr schedule, resume state."""
 
     driver: SyncDriver
@@ -38,15 +33,6 @@ class _Engine:
         self.device = torch.device(device)
         self.generators = [worker_generator(self.seed, r) for r in range(self.world_size)]
         return schedule.topology.world_size
-
-    @property
-    def world_size(self) -> int:
-        return self.schedule.topology.world_size
-
-    @property
-    def t(self) -> int:
-        """Completed local updates."""
-        return self.driver.t
 
     @property
     def local_ranks(self) -> list[int]:
@@ -81,20 +67,3 @@ class _Engine:
         for opt in self._optimizers():
             for group in opt.param_groups:
                 group["lr"] = lr
-
-    def _common_state(self) -> dict:
-        return {
-            "driver": self.driver.state_dict(),
-            "comm": self.comm.state_dict(),
-            "generators": [g.get_state() for g in self.generators],
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": cuda_rng_state(self.device),
-        }
-
-    def _load_common_state(self, state: dict) -> None:
-        self.driver.load_state_dict(to_device(state["driver"], self.device))
-        self.comm.load_state_dict(state["comm"])  # copied into live tensors: keeps their device
-        for g, s in zip(self.generators, state["generators"], strict=True):
-            g.set_state(s.cpu())  # generator states are CPU byte tensors on every device
-        torch.set_rng_state(state["torch_rng"].cpu())
-        set_cuda_rng_state(state.get("cuda_rng"), self.device)
