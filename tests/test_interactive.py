@@ -128,6 +128,12 @@ def test_check_names_the_parameter_and_the_allowed_values():
     with pytest.raises(TypeError, match="no rule for colour"):
         notebook.check(colour="red")
     notebook.check(rules={"colour": notebook.one_of("red", "blue")}, colour="red")
+    # an empty list only where it means something: converged mode runs Table 6 without Table 7
+    notebook.check(table6_momenta=[[0.9, 0.0]], table7_momenta=[])
+    with pytest.raises(notebook.ParameterError, match=r"table6_momenta = \[\].*non-empty"):
+        notebook.check(table6_momenta=[])
+    with pytest.raises(notebook.ParameterError, match=r"Table 7 not run"):
+        notebook.check(table7_momenta=[[0.9, 1.5]])
 
 
 def test_make_lab_serves_on_loopback_with_the_venv_kernel():

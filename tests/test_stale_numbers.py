@@ -71,6 +71,21 @@ def test_refresh_writes_minus_signs_as_the_docs_do():
     assert pn._fmt(7.789, "5.0") == "7.8"
 
 
+def test_a_quote_in_scientific_notation_refreshes_its_exponent_too(tmp_path, monkeypatch):
+    # a run can move a tiny difference by decades (7.9e-7 on one CPU, 8.8e-5 on another): the
+    # refresher once wrote "883.2e-7", keeping the exponent of the text
+    assert pn.scientific(8.832e-5) == (8.8, 5)
+    assert pn.scientific(7.9e-7) == (7.9, 7)
+    assert pn.scientific(9.96e-5) == (1.0, 4)  # rounds up into the next decade
+    path = "docs/systems.md"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / path).write_text("losses match within 7.9e-7 relative.\n", encoding="utf-8")
+    monkeypatch.setattr(pn, "CHECKS", [(path, r"within (\d\.\d)e-(\d+) relative",
+                                        lambda: pn.scientific(8.832e-5))])
+    assert pn.refresh(tmp_path) == [f"{path}: 7 -> 5", f"{path}: 7.9 -> 8.8"]
+    assert (tmp_path / path).read_text(encoding="utf-8") == "losses match within 8.8e-5 relative.\n"
+
+
 def test_committed_figures_name_no_machine_folders():
     """A committed CSV carries nothing of the machine (the JSON sidecar holds provenance)."""
     machine = re.compile(r"(?<![\w$])(/work/|/tmp/|/home/|/root/|/Users/|[A-Z]:\\\\)")

@@ -87,10 +87,13 @@ def optional(rule: Rule) -> Rule:
     return Rule(lambda v: v is None or rule.ok(v), f"None or {rule.expected}")
 
 
-def list_of(rule: Rule) -> Rule:
+def list_of(rule: Rule, *, empty: str | None = None) -> Rule:
+    """A list of values each passing ``rule``; non-empty unless ``empty`` says what [] means."""
     # the message is built lazily: a lazy one_of inside must not import torch at module import
-    return Rule(lambda v: isinstance(v, (list, tuple)) and len(v) > 0
-                and all(rule.ok(x) for x in v), lambda: f"a non-empty list, each {rule.expected}")
+    return Rule(lambda v: isinstance(v, (list, tuple)) and (len(v) > 0 or empty is not None)
+                and all(rule.ok(x) for x in v),
+                lambda: (f"a list ([]: {empty}), each {rule.expected}" if empty is not None
+                         else f"a non-empty list, each {rule.expected}"))
 
 
 # The lazy choices below import their modules when a check runs, not when a notebook imports
@@ -120,9 +123,10 @@ DEVICE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|mps|cuda(:\d+)
 SHAPE = Rule(lambda v: isinstance(v, str) and re.fullmatch(r"[1-9]\d*[x×][1-9]\d*", v) is not None,
              "'SERVERSxGPUS', e.g. '8x2'")
 POSITIVE_INTS = list_of(integer(1))
-MOMENTA = list_of(Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
-                       and all(_is_number(m) and 0 <= m < 1 for m in v),
-                       "a pair [local, global] of momenta in [0, 1)"))
+MOMENTUM_PAIR = Rule(lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+                     and all(_is_number(m) and 0 <= m < 1 for m in v),
+                     "a pair [local, global] of momenta in [0, 1)")
+MOMENTA = list_of(MOMENTUM_PAIR)
 
 # One rule per parameter name used by the notebooks. Names mean the same in every notebook.
 RULES: dict[str, Rule] = {
@@ -165,7 +169,7 @@ RULES: dict[str, Rule] = {
     "tricks": FLAG,
     "base_batch": integer(1),
     "table6_momenta": MOMENTA,
-    "table7_momenta": MOMENTA,
+    "table7_momenta": list_of(MOMENTUM_PAIR, empty="Table 7 not run"),
     "target_acc": optional(number(0.0, maximum=100.0)),
     "compute_ms_per_update": optional(number(0.0)),
     "delays_s": list_of(number(0.0, inclusive=True)),
