@@ -191,6 +191,32 @@ def test_training_runs_are_keyed_by_the_library_wing_alone(tmp_path, monkeypatch
     assert grid.run_cached(cfg).test_acc.tolist() == [10.0]  # served, not trained
 
 
+def test_convex_grids_are_keyed_by_the_library_and_their_own_module(tmp_path):
+    # fig04/fig05's grids (about 40 minutes in paper mode) survive a change to a plot or a claim
+    import shutil
+
+    package = tmp_path / "localsgd"
+    shutil.copytree(Path(results.__file__).parents[1], package,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    results.library_code_hash.cache_clear()  # keyed by package: the copy is read afresh
+    module = package / "paper" / "experiments" / "convex.py"
+    key = results.experiment_code_hash(module, package=package)
+    assert key != results.library_code_hash(package)
+    report = package / "paper" / "report.py"
+    report.write_text(report.read_text() + "\nLABEL = 'a new label'\n")
+    claims = package / "paper" / "experiments" / "claims.py"
+    claims.write_text(claims.read_text() + "\nNOTE = 'reworded'\n")
+    assert results.experiment_code_hash(module, package=package) == key
+    module.write_text(module.read_text() + "\nSTEP = 2\n")  # the module's own code
+    changed = results.experiment_code_hash(module, package=package)
+    assert changed != key
+    lib = package / "convex" / "simulator.py"  # the library under it
+    lib.write_text(lib.read_text() + "\nSTEP = 3\n")
+    results.library_code_hash.cache_clear()
+    assert results.experiment_code_hash(module, package=package) != changed
+    results.library_code_hash.cache_clear()
+
+
 def test_a_code_change_recomputes_the_cache(tmp_path, monkeypatch):
     calls = []
 

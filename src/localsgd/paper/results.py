@@ -272,6 +272,20 @@ def library_code_hash(package: Path | None = None) -> str:
     return h.hexdigest()[:16]
 
 
+def experiment_code_hash(*modules: Any, package: Path | None = None) -> str:
+    """The key of a result that a reproduction module computes on top of the library (the convex
+    grids of `localsgd.paper.experiments.convex`): `library_code_hash` plus the definitions of
+    ``modules`` (module objects or paths), as `_definitions` reads them. A change to a plot, a
+    notebook, the harness or another module's claim keeps the cached grid; a change to the
+    library or to the modules' own code recomputes it."""
+    h = hashlib.sha256(library_code_hash(package).encode())
+    for module in modules:
+        path = Path(getattr(module, "__file__", module))
+        for d in sorted(_definitions(path)):
+            h.update(d.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def _definitions(path: Path) -> list[str]:
     """`ast.dump` of each top-level statement of the module at ``path`` that is not an import,
     the module docstring or ``__all__``, with every docstring inside removed."""
