@@ -181,6 +181,17 @@ def test_unknown_yaml_key_fails_before_running(tmp_path):
     assert not (tmp_path / "out").exists(), "nothing may run when validation fails"
 
 
+def test_paper_mode_writes_below_figures_paper_by_default(tmp_path):
+    # without --out-dir, paper mode must not overwrite the committed quick-mode files in figures/
+    _toy(tmp_path, "a", WRITE.format(name="a"))
+    cmd = [sys.executable, "-m", "localsgd", "reproduce", "--notebooks", str(tmp_path / "notebooks"),
+           "--build-dir", str(tmp_path / "build"), "--mode", "paper", "--no-report"]
+    r = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "figures" / "paper" / "toy_a.txt").read_text() == "2"
+    assert not (tmp_path / "figures" / "toy_a.txt").exists()
+
+
 def test_unknown_mode_and_id_fail_with_their_name(tmp_path):
     _toy(tmp_path, "good", WRITE.format(name="good"))
     r = _cli(tmp_path, "--mode", "fast")

@@ -331,9 +331,13 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs {args.jobs}: must be at least 1")
     # converged mode's results live apart (<out-dir>/converged/, figures/converged/ by
-    # default): the report built in <out-dir> gives them their own section and rows
+    # default): the report built in <out-dir> gives them their own section and rows; paper
+    # mode's go to figures/paper/ by default (the report reads them there), never over the
+    # committed quick-mode files in figures/
     base_dir = (args.out_dir or reference.parent).resolve()
     out_dir = base_dir / "converged" if args.mode == "converged" else base_dir
+    if args.mode == "paper" and args.out_dir is None:
+        out_dir = base_dir / "paper"
     if sets and base_dir == reference.parent.resolve():
         # figures/ holds what the mode's parameter files give; a changed parameter goes elsewhere
         raise ValueError("--set changes a notebook's parameters: give --out-dir (e.g. "
