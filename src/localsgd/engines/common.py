@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 __all__ = ["Batch", "Deferred", "PhaseClock", "ScheduledWorkers", "clone_tensors", "count_correct",
-           "cuda_rng_state", "host_map", "read_step", "set_cuda_rng_state", "to_device", "worker_generator"]
+           "cuda_rng_state", "host_map", "read_step", "set_cuda_rng_state", "to_device",
+           "worker_generator"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
