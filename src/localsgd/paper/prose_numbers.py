@@ -56,6 +56,11 @@ def scientific(x: float) -> tuple[float, int]:
     return mantissa, -exp
 
 
+def dynamo_loss_diff() -> tuple[float, int]:
+    """The largest relative difference of compiled and eager losses (`dynamo_ddp`), as m.me-E."""
+    return scientific(csv("dynamo_ddp")["loss_max_rel_diff"].max())
+
+
 def slowmo_vs_local() -> dict[str, tuple[float, float]]:
     """Final test top-1 of every variant minus local SGD alone, paired by seed: (mean, sd)."""
     runs = csv("slowmo")
@@ -237,7 +242,7 @@ CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
          r"starts only at ([\d.]+) %", r"eager: by ([\d.]+) %", r"behind backward ([\d.]+)x",
          r"behind backward [\d.]+x to ([\d.]+)x"))),
     ("docs/systems.md", r"within (\d\.\d)e-(\d+) relative",
-     lambda: scientific(csv("dynamo_ddp")["loss_max_rel_diff"].max())),
+     dynamo_loss_diff),
     # SlowMo, wherever it is quoted
     ("docs/systems.md", rf"best, β = {NUM}: {NUM} ± {NUM} points", slowmo_best),
     ("docs/systems.md", rf"H = 1 minus local SGD: {NUM} ± {NUM} points",
@@ -262,7 +267,7 @@ CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
     ("papers/dynamo_ddp_update/notes.md", rf"compiled DDP ran at {NUM}–{NUM}× eager",
      dynamo_speed),
     ("papers/dynamo_ddp_update/notes.md", r"compiled losses within (\d\.\d)e-(\d+) relative",
-     lambda: scientific(csv("dynamo_ddp")["loss_max_rel_diff"].max())),
+     dynamo_loss_diff),
     ("papers/lin2020_local_sgd/notes.md", rf"Reaching {NUM} % \(H = 1\) and {NUM} %",
      lambda: tuple(csv("fig08_imagenet").sort_values("epoch").groupby("local_steps")["test_acc"]
                    .last().loc[[1, 8]])),
