@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from localsgd.paper import cli, report
 from localsgd.paper import reproduce as h
@@ -102,3 +103,28 @@ def test_the_estimate_counts_a_run_two_notebooks_share_once(tmp_path, monkeypatc
     text = cli._converged_estimate(args, ids, {})
     assert text.startswith("converged mode: 9 runs (6 more shared between notebooks), 0 of them "
                            "cached; 9 to train, 8,999,424 training images"), text
+
+
+# Each other converged parameter file at smoke size: the file's own K, topology, grid and
+# tricks, with tiny data (n_train large enough for K = 16 workers of B_loc 8) and one epoch.
+# Table 1's B_globs shrink with B_loc (its mini-batch SGD runs take B_loc = B_glob).
+_SMOKE_SETS = {"table01_large_batch": ["B_globs=[8, 16]"]}
+_CONVERGED = [i for i in h.discover(NOTEBOOKS) if i != "table05_models"
+              and (NOTEBOOKS / "params" / i / "converged.yaml").exists()]
+
+
+@pytest.mark.parametrize("nb_id", _CONVERGED)
+def test_every_converged_file_runs_at_smoke_size(nb_id, tmp_path):
+    defined = h.parameters_cell_names(NOTEBOOKS / f"{nb_id}.ipynb")
+    sets = ["n_train=256", "n_test=32", "B_loc=8", "epochs=1.0", "n_seeds=2",
+            *(["warmup_epochs=0.1"] if "warmup_epochs" in defined else []),
+            *_SMOKE_SETS.get(nb_id, [])]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", nb_id,
+         *[a for kv in sets for a in ("--set", kv)], "--out-dir", str(tmp_path / "figures"),
+         "--build-dir", str(tmp_path / "build"), "--no-report"],
+        capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    compare = pd.read_csv(tmp_path / "figures" / "converged" / f"{nb_id}.compare.csv")
+    assert set(compare["scale"]) == {"converged"} and compare["verdict"].notna().any()

@@ -233,7 +233,7 @@ RULES: dict[str, Rule] = {
     "localsgd_frequency": integer(1),
     "slowmo_frequency": integer(1),
     "slowmo_momenta": list_of(number(0.0, inclusive=True, maximum=0.99)),
-    "sgp_momenta": list_of(number(0.0, inclusive=True, maximum=0.99)),
+    "sgp_momenta": list_of(number(0.0, inclusive=True, maximum=0.99), empty="SGP not run"),
     "slow_lrs": Rule(lambda v: isinstance(v, (list, tuple))
                      and all(_is_number(x) and x > 0 for x in v), "a list of numbers > 0"),
     "slow_lr_momentum": number(0.0, inclusive=True, maximum=0.99),

@@ -24,9 +24,12 @@ __all__ = ["appB_rows", "appB_table3", "configs", "table03_claims"]
 def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
     """Table 3's grid (§4.3): the notebook's base run (`grid.base_config`) on every topology of
     ``P.topologies`` (nodes x GPUs per node: the block size), at every (H, H^b) of ``P.H_Hbs``
-    and seed; labels carry topology, H and H^b. A topology of other than ``P.K`` GPUs is an
-    error. Returns (configs, labels)."""
-    base = base_config(P)
+    and seed; labels carry topology, H and H^b. With ``P.tricks`` (converged mode: a global batch
+    of 16 x 128 in 20 epochs) App. C's lr scaling by K and warm-up over ``P.warmup_epochs``. A
+    topology of other than ``P.K`` GPUs is an error. Returns (configs, labels)."""
+    tricks = getattr(P, "tricks", False)
+    base = base_config(P, scale_lr=tricks,
+                       warmup_epochs=getattr(P, "warmup_epochs", 0.0) if tricks else 0.0)
     runs, labels = [], []
     for topo in P.topologies:
         shape = ClusterShape.parse(topo)
