@@ -23,6 +23,7 @@ from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
 
 __all__ = [
+    "app_c_tricks",
     "WORK_KEYS",
     "base_config",
     "cache_key",
@@ -83,6 +84,14 @@ def base_config(P, **overrides) -> TrainConfig:
     ``width``, ...) plus ``overrides``; the grid varies the rest with `dataclasses.replace`."""
     given = {field: getattr(P, name) for name, field in _CONFIG_NAMES.items() if hasattr(P, name)}
     return TrainConfig(**{**given, **overrides})
+
+
+def app_c_tricks(P) -> dict:
+    """App. C's large-batch tricks as `base_config` overrides when the notebook sets ``P.tricks``:
+    lr scaled by K and a gradual warm-up over ``P.warmup_epochs``; none otherwise."""
+    tricks = getattr(P, "tricks", False)
+    return {"scale_lr": tricks,
+            "warmup_epochs": getattr(P, "warmup_epochs", 0.0) if tricks else 0.0}
 
 
 def final_table(runs: pd.DataFrame, by: Sequence[str], value: str = "test_acc"

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from localsgd.paper.experiments import claims
-from localsgd.paper.experiments.grid import base_config, speedup_table
+from localsgd.paper.experiments.grid import app_c_tricks, base_config, speedup_table
 from localsgd.paper.experiments.lin2020.common import or_unmeasured, paired_by_seed, seed_values
 from localsgd.train import TrainConfig
 
@@ -24,9 +24,7 @@ def configs(P, seeds: Sequence[int]) -> list[TrainConfig]:
     """Figure 6's grid (§4.2.1): the notebook's base run (`grid.base_config`) at every H of
     ``P.Hs`` and seed, with App. C's tricks (lr scaled by K, warm-up over ``P.warmup_epochs``)
     when ``P.tricks`` (converged mode: so that its runs are Table 5's)."""
-    tricks = getattr(P, "tricks", False)
-    base = base_config(P, scale_lr=tricks,
-                       warmup_epochs=getattr(P, "warmup_epochs", 0.0) if tricks else 0.0)
+    base = base_config(P, **app_c_tricks(P))
     return [dataclasses.replace(base, local_steps=h, seed=s) for h in P.Hs for s in seeds]
 
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.claims import claim_row
-from localsgd.paper.experiments.grid import base_config
+from localsgd.paper.experiments.grid import app_c_tricks, base_config
 from localsgd.paper.experiments.lin2020.common import paired_by_seed, seed_values
 from localsgd.timing.comm import ClusterShape, schedule_sync_counts
 from localsgd.train import TrainConfig
@@ -27,9 +27,7 @@ def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
     and seed; labels carry topology, H and H^b. With ``P.tricks`` (converged mode: a global batch
     of 16 x 128 in 20 epochs) App. C's lr scaling by K and warm-up over ``P.warmup_epochs``. A
     topology of other than ``P.K`` GPUs is an error. Returns (configs, labels)."""
-    tricks = getattr(P, "tricks", False)
-    base = base_config(P, scale_lr=tricks,
-                       warmup_epochs=getattr(P, "warmup_epochs", 0.0) if tricks else 0.0)
+    base = base_config(P, **app_c_tricks(P))
     runs, labels = [], []
     for topo in P.topologies:
         shape = ClusterShape.parse(topo)
