@@ -23,8 +23,8 @@ from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
 
 __all__ = [
-    "app_c_tricks",
     "WORK_KEYS",
+    "app_c_tricks",
     "base_config",
     "cache_key",
     "dataset_available",
