@@ -339,6 +339,12 @@ def test_table03_rows_and_claim_outcomes():
     assert one["4x4; H=16; Hb=1"]["note"] == "quick; 1 seed (no std)"
     straddle = table03({("4x4", 1, 16): [20.0, 19.5], ("4x4", 16, 1): [19.0, 20.0]})
     assert outcome(straddle["4x4; H=16; Hb=1"]) == INC
+    # converged mode runs one topology, 2x2: the claim moves there, and names it
+    two = table03({("2x2", 1, 16): [75.8, 74.0], ("2x2", 16, 1): [72.4, 72.4]})
+    assert outcome(two["2x2; H=16; Hb=1"]) == HELD and two["2x2; H=16; Hb=1"]["claim"].startswith("on 2x2")
+    # two topologies, neither 4x4: no claim topology, no verdict
+    neither = table03({("2x2", 1, 16): [75.8], ("2x2", 16, 1): [72.4], ("8x2", 16, 1): [70.0]})
+    assert all("verdict" not in r for r in neither.values())
 
 
 def test_table03_gains_are_paired_by_seed():
