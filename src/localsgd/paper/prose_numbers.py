@@ -61,12 +61,17 @@ def dynamo_loss_diff() -> tuple[float, int]:
     return scientific(csv("dynamo_ddp")["loss_max_rel_diff"].max())
 
 
+def slowmo_finals(name: str) -> pd.DataFrame:
+    """Each SlowMo-notebook run's final test top-1: a row per variant, a column per seed."""
+    runs = csv(name)
+    runs = runs[runs["kind"] == "train"].sort_values("epoch")
+    return runs.groupby(["variant", "seed"])["test_acc"].last().unstack()
+
+
 def slowmo_vs_local(name: str = "slowmo") -> dict[str, tuple[float, float]]:
     """Final test top-1 of every variant minus local SGD alone, paired by seed: (mean, sd);
     ``name``: the CSV under figures/ (``converged/slowmo``: converged mode's)."""
-    runs = csv(name)
-    runs = runs[runs["kind"] == "train"].sort_values("epoch")
-    final = runs.groupby(["variant", "seed"])["test_acc"].last().unstack()
+    final = slowmo_finals(name)
     diff = final - final.loc["local SGD alone"]
     return {v: (diff.loc[v].mean(), diff.loc[v].std(ddof=1)) for v in diff.index}
 
@@ -86,10 +91,8 @@ def converged_slowmo() -> tuple[float, ...]:
     return (*d["H = 1 (average every update)"], *d["local SGD + SlowMo β=0.4, α=1"])
 
 
-def slowmo_mean_acc(variant: str, name: str = "slowmo") -> float:
-    runs = csv(name)
-    runs = runs[runs["kind"] == "train"].sort_values("epoch")
-    return runs.groupby(["variant", "seed"])["test_acc"].last().loc[variant].mean()
+def slowmo_mean_acc(variant: str) -> float:
+    return slowmo_finals("slowmo").loc[variant].mean()
 
 
 def blog_gap_pct() -> tuple[float, float]:

@@ -53,12 +53,12 @@ def table03_claims(final: pd.DataFrame, *, note: str = "") -> list[dict]:
     claim, text = None, None
     topos = sorted(set(final.topology))
     topo = "4x4" if "4x4" in topos else (topos[0] if len(topos) == 1 else None)
-    four = final[final.topology == topo]
-    configs = sorted({(int(h), int(hb)) for h, hb in zip(four.H, four.Hb, strict=True)})
+    on_topo = final[final.topology == topo]
+    configs = sorted({(int(h), int(hb)) for h, hb in zip(on_topo.H, on_topo.Hb, strict=True)})
     if (16, 1) in configs and len(configs) > 1:
-        flat = seed_values(four, "test_acc", H=16, Hb=1)
+        flat = seed_values(on_topo, "test_acc", H=16, Hb=1)
         parts = {(h, hb): claims.verdict(
-            paired_by_seed(seed_values(four, "test_acc", H=h, Hb=hb), flat), 0.0,
+            paired_by_seed(seed_values(on_topo, "test_acc", H=h, Hb=hb), flat), 0.0,
             unit=" points", what="gain") for h, hb in configs if (h, hb) != (16, 1)}
         claim = f"on {topo}, H^b > 1 beats plain local SGD (H = 16, H^b = 1) at H * H^b = 16"
         text = (f"{claims.combine(list(parts.values()))}: {topo} test top-1 minus H=16, Hb=1 "
