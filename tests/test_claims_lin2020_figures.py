@@ -255,6 +255,42 @@ def test_fig07_pairs_seeds_and_handles_missed_targets():
     assert "K = 4" in small["scaling advantage"]["verdict"]
 
 
+def test_fig07_bound_makes_the_scaling_claim_untestable_and_the_paper_axis_is_judged_beside():
+    tta = fig07_tta([2.5, 2.7], [2.4, 2.6])
+    # communication is 0.4 % of H = 1's time: no H can double its speed on this axis
+    rows = lin2020.fig07_claims(tta, Ks=[2, 4, 8, 16], Hs=[1, 8], bound=1.004,
+                                paper_tta=fig07_tta([0.8, 0.9], [2.4, 2.6]), paper_bound=2.3)
+    adv, ratio = rows
+    assert outcome(adv) == c.NOT_TESTABLE
+    assert "0.4 % of H = 1's time at K = 16" in adv["verdict"]
+    assert adv["value"] == pytest.approx(2.6)  # the measured mean stays the row's value
+    # the paper-cost axis is judged by the same rule, with its own (larger) bound
+    assert f"; with Table 5's per-update costs: {NOT_HELD}: " in adv["verdict"]
+    assert ratio["verdict"].startswith(f"{HELD}: ")
+    assert f"; with Table 5's per-update costs: {HELD}: " in ratio["verdict"]
+    # the paper axis's bound below 2 makes that part untestable too
+    rows = lin2020.fig07_claims(tta, Ks=[2, 4, 8, 16], Hs=[1, 8], paper_tta=tta, paper_bound=1.5)
+    assert outcome(rows[0]) == HELD
+    assert f"; with Table 5's per-update costs: {c.NOT_TESTABLE}: " in rows[0]["verdict"]
+
+
+def test_fig07_table5_axis_prices_syncs_by_the_ring_factor():
+    # two runs, K = 2 and K = 16, mini-batch SGD: one all-reduce per update for 10 updates
+    runs = pd.DataFrame({"world_size": [2, 16], "local_steps": 1, "step": 10,
+                         "compute_seconds": 1.0, "param_bytes": 1e6, "group_l0": [2, 16],
+                         "sync_l0": 0, "gradsync_l0": 10, "seed": 0})
+    c_paper, s_paper = lin2020.table5_step_costs()
+    assert (c_paper, s_paper) == pytest.approx((0.0876, 0.0611), abs=5e-4)
+    out = lin2020.fig07.with_table5_time(runs, Cluster(gpus_per_node=2), c_paper, s_paper)
+    assert out.time_paper_s.tolist() == pytest.approx(
+        [10 * (c_paper + s_paper), 10 * (c_paper + s_paper * 2 * 15 / 16)])
+    assert out.index.equals(runs.index) and "time_s" not in out  # only its own column
+    # the bound at K = 16: H = 1's time over its compute alone
+    bound = lin2020.fig07.comm_bound(out, "time_paper_s", out["step"] * c_paper, 16)
+    assert bound == pytest.approx(1 + s_paper * 2 * 15 / 16 / c_paper)
+    assert math.isnan(lin2020.fig07.comm_bound(out, "time_paper_s", None, 16))
+
+
 # -------------------------------------------------------------------------------- Figure 9
 
 def fig09_tta(slowdowns: dict[int, list[float]], acc_gain: dict[int, list[float]]

@@ -47,6 +47,7 @@ from localsgd.paper.experiments.lin2020.common import (
     cifar_run_note,
     scaling_table,
     step_costs_from_running_times,
+    table5_step_costs,
 )
 from localsgd.paper.experiments.lin2020.fig06 import FIG06_CLAIM, FIG06_TEST_CLAIM, fig06_claims
 from localsgd.paper.experiments.lin2020.fig06 import configs as fig06_configs
@@ -134,5 +135,5 @@ __all__ = [
     "table02_stragglers", "table03", "table03_claims", "table04", "table04_models", "table04_rows",
     "table05", "table05_claims", "table05_configs", "table05_data", "table05_final",
     "table05_status", "table06_07", "table06_07_claims", "table06_07_configs",
-    "table06_07_reported", "update_and_sync_counts"
+    "table06_07_reported", "table5_step_costs", "update_and_sync_counts"
 ]

@@ -3,8 +3,8 @@ judged on per-seed differences (or ratios) paired by seed (`seed_values`, `paire
 `acc_by_seed`, `gaps_by_seed`), a multi-part verdict names each part (`part_text`) and sits on one
 compare row (`with_claim`); the run note of the CIFAR figures (`cifar_run_note`); the paper's
 printed cells (`reported_cells`); time-to-accuracy speed-ups (`scaling_table`: Figures 7 and 9);
-the step costs behind two running times (`step_costs_from_running_times`: Table 5's, used by
-Figure 6 and Table 2).
+the step costs behind two running times (`step_costs_from_running_times`; Table 5's are
+`table5_step_costs`, used by Figures 6 and 7 and Table 2).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ __all__ = [
     "scaling_table",
     "seed_values",
     "step_costs_from_running_times",
+    "table5_step_costs",
     "with_claim",
 ]
 
@@ -70,6 +71,19 @@ def step_costs_from_running_times(hours_h1: float, hours_h: float, h: int,
     t1, th = hours_h1 * 3600 / steps, hours_h * 3600 / steps
     sync = (t1 - th) / (1 - 1 / h)
     return t1 - sync, sync
+
+
+# Table 5 (App. F.2.1): ResNet-20 on CIFAR-10, 2x1 GPUs, B_loc = 128, 300 epochs of 50,000 images
+TABLE5_RESNET20_HOURS = {1: 2.42, 8: 1.55}
+TABLE5_UPDATES = 300 * 50_000 // (2 * 128)  # 58,593
+
+
+def table5_step_costs() -> tuple[float, float]:
+    """(compute seconds per update, seconds per sync) of the paper's own 2×1-GPU ResNet-20 runs:
+    `step_costs_from_running_times` on Table 5's running times at H = 1 and H = 8 (about 87.6 ms
+    and 61.1 ms)."""
+    return step_costs_from_running_times(TABLE5_RESNET20_HOURS[1], TABLE5_RESNET20_HOURS[8], 8,
+                                         TABLE5_UPDATES)
 
 
 def reported_cells(artifacts: Sequence[str], papers_dir: str | Path | None) -> pd.DataFrame:

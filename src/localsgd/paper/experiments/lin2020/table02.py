@@ -19,7 +19,7 @@ from scipy.optimize import nnls
 from localsgd.models import build_model, count_params
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.claims import claim_row, verdict
-from localsgd.paper.experiments.lin2020.common import step_costs_from_running_times
+from localsgd.paper.experiments.lin2020.common import table5_step_costs
 from localsgd.paper.results import repo_root
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.comm import sync_rounds
@@ -257,7 +257,7 @@ def table02_fit_lines(fit: Table02Fit, tab: pd.DataFrame, every: dict[str, float
                       logfit: dict[str, float], fit_max_h: int) -> list[str]:
     """What the notebook prints about the fits, with Table 5's 2×1-GPU step costs (App. F.2.1:
     2.42 h at H = 1, 1.55 h at H = 8, 58,593 updates) and the fit as a `timing.Cluster`."""
-    c5, s5 = step_costs_from_running_times(2.42, 1.55, 8, 58_593)
+    c5, s5 = table5_step_costs()
     cluster, u = fit.cluster(), int(tab.updates.iloc[0])
     return [
         (f"fit on H <= {fit_max_h} ({len(fit.fit_hs)} rows): c = {fit.compute_s * 1e3:.1f} ms "
