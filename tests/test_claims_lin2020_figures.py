@@ -281,7 +281,7 @@ def test_fig07_table5_axis_prices_syncs_by_the_ring_factor():
                          "sync_l0": 0, "gradsync_l0": 10, "seed": 0})
     c_paper, s_paper = lin2020.table5_step_costs()
     assert (c_paper, s_paper) == pytest.approx((0.0876, 0.0611), abs=5e-4)
-    out = lin2020.fig07.with_table5_time(runs, Cluster(gpus_per_node=2), c_paper, s_paper)
+    out = lin2020.fig07.with_table5_time(runs, c_paper, s_paper)
     assert out.time_paper_s.tolist() == pytest.approx(
         [10 * (c_paper + s_paper), 10 * (c_paper + s_paper * 2 * 15 / 16)])
     assert out.index.equals(runs.index) and "time_s" not in out  # only its own column

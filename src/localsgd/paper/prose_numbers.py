@@ -186,6 +186,20 @@ def converged_change(name: str, h: int) -> tuple[float, float]:
     return float(gap.mean()), float(gap.std(ddof=1))
 
 
+def converged_table03() -> tuple[float, ...]:
+    """Converged mode's Table 3: the flat (H = 16, H^b = 1) runs' final test top-1 (min, max),
+    then (mean, sd) over seeds of (H, H^b) = (1, 16) and of (4, 4) minus it, paired by seed."""
+    df = pd.read_csv(FIG / "converged" / "table03_topologies.csv")
+    if df["topology"].nunique() != 1:  # the claim's cells are compared within one topology
+        raise ValueError(f"converged Table 3 ran {sorted(set(df['topology']))}: expected one")
+    finals = df.sort_values("step").groupby(["seed", "H", "Hb"])["test_acc"].last().unstack(
+        ["H", "Hb"])
+    flat = finals[(16, 1)]
+    gaps = [finals[cell] - flat for cell in ((1, 16), (4, 4))]
+    return (float(flat.min()), float(flat.max()),
+            *[float(f(g)) for g in gaps for f in (pd.Series.mean, lambda g: g.std(ddof=1))])
+
+
 def converged_outcome(name: str, metric: str) -> str:
     """The verdict's outcome (its words before the colon) of a converged compare row."""
     df = pd.read_csv(FIG / "converged" / f"{name}.compare.csv")
