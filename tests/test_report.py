@@ -178,3 +178,22 @@ def test_committed_readme_table_is_the_generated_one():
 def test_committed_report_is_current():
     assert (ROOT / "figures" / "REPORT.md").read_text() == report.render(
         ROOT / "papers", ROOT / "figures"), "figures/REPORT.md is stale: run `localsgd report`"
+
+
+def test_a_converged_claim_on_a_setting_the_source_lacks_still_shows(tmp_path):
+    # Table 3's converged claim reads 2x2 (the smallest K that keeps its shape); the source
+    # prints 4x4 only: the row joins no source number and still reaches the claims
+    folder = tmp_path / "figures" / report.CONVERGED_DIR
+    folder.mkdir(parents=True)
+    pd.DataFrame([{"artifact": "Table 3", "setting": "2x2; H=16; Hb=1", "metric": "test top-1",
+                   "value": 72.78, "unit": "%", "note": "n", "claim": "on 2x2, H^b > 1 wins",
+                   "verdict": "held: gains +2.04 and +1.56 points", "scale": "converged",
+                   "mode": "converged", "figure": "table03_topologies"}]).to_csv(
+        folder / "table03_topologies.compare.csv", index=False)
+    papers = Path(__file__).resolve().parents[1] / "papers"
+    rows = report.converged_claims(papers, tmp_path / "figures")
+    row = rows[rows["artifact"] == "Table 3"]
+    assert len(row) == 1 and row["verdict"].iloc[0] == "held"
+    assert row["ours"].iloc[0] == "72.8 % top-1 at 2x2; H=16; Hb=1"  # no source beside it
+    assert row["source"].iloc[0] == report.SOURCE_LABELS.get("lin2020_local_sgd",
+                                                              row["source"].iloc[0])

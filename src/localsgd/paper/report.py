@@ -410,7 +410,22 @@ def converged_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     folder = Path(figures_dir) / CONVERGED_DIR
     if not any(folder.glob("*.compare.csv")):
         return claims(pd.DataFrame())
-    return claims(joined(papers_dir, folder))
+    table = joined(papers_dir, folder)
+    # a claim read on a setting the source has no number for (Table 3 on 2x2, the smallest K
+    # that keeps the claim's shape) joins no source row: it is added as it is, under the
+    # source of its artifact
+    ours = load_ours(folder)
+    if "verdict" not in ours.columns:
+        return claims(table)
+    reported = load_reported(papers_dir)
+    merged = ours.merge(reported[KEY].drop_duplicates().assign(_src=True), on=KEY, how="left")
+    extra = merged[merged["_src"].isna() & merged["verdict"].notna()
+                   & (merged["verdict"].astype(str) != "")].drop(columns="_src")
+    sources = reported.groupby("artifact")["source"].unique()
+    source_of = {a: s[0] for a, s in sources.items() if len(s) == 1}
+    extra = extra.rename(columns={"value": "ours"}).assign(
+        source=extra["artifact"].map(source_of), value=float("nan"), **{"setting row": False})
+    return claims(pd.concat([table, extra[extra["source"].notna()]], ignore_index=True))
 
 
 def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
