@@ -197,7 +197,7 @@ def converged_table03() -> tuple[float, ...]:
     flat = finals[(16, 1)]
     gaps = [finals[cell] - flat for cell in ((1, 16), (4, 4))]
     return (float(flat.min()), float(flat.max()),
-            *[float(f(g)) for g in gaps for f in (pd.Series.mean, lambda g: g.std(ddof=1))])
+            *(float(x) for g in gaps for x in (g.mean(), g.std(ddof=1))))
 
 
 def converged_outcome(name: str, metric: str) -> str:

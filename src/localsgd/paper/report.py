@@ -391,17 +391,24 @@ def _scale_label(row: pd.Series) -> str:
     return f"{label} ({mode} mode)" if mode == "paper" else label
 
 
+def _unjoined_claims(papers_dir: Path, ours: pd.DataFrame) -> pd.DataFrame:
+    """``ours`` rows with a claim and verdict that match no source's number (keyed by
+    artifact, setting, metric), all their columns."""
+    if "verdict" not in ours.columns or not len(ours):
+        return ours.iloc[0:0]
+    keys = load_reported(papers_dir)[KEY].drop_duplicates()
+    merged = ours.merge(keys.assign(_src=True), on=KEY, how="left")
+    return merged[merged["_src"].isna() & merged["verdict"].notna()
+                  & (merged["verdict"].astype(str) != "")].drop(columns="_src")
+
+
 def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """Compare rows with a claim and verdict that match no source's number (keyed by artifact,
     setting, metric): the project's own checks."""
     cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "mode", "scale"]
-    ours = load_ours(figures_dir)
-    if "verdict" not in ours.columns or not len(ours):
+    rows = _unjoined_claims(papers_dir, load_ours(figures_dir))
+    if not len(rows):
         return pd.DataFrame(columns=cols)
-    keys = load_reported(papers_dir)[KEY].drop_duplicates()
-    merged = ours.merge(keys.assign(_src=True), on=KEY, how="left")
-    rows = merged[merged["_src"].isna() & merged["verdict"].notna()
-                  & (merged["verdict"].astype(str) != "")]
     return rows[[c for c in cols if c in rows.columns]].rename(columns={"value": "ours"})
 
 
@@ -410,22 +417,16 @@ def converged_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     folder = Path(figures_dir) / CONVERGED_DIR
     if not any(folder.glob("*.compare.csv")):
         return claims(pd.DataFrame())
-    table = joined(papers_dir, folder)
     # a claim read on a setting the source has no number for (Table 3 on 2x2, the smallest K
     # that keeps the claim's shape) joins no source row: it is added as it is, under the
     # source of its artifact
-    ours = load_ours(folder)
-    if "verdict" not in ours.columns:
-        return claims(table)
-    reported = load_reported(papers_dir)
-    merged = ours.merge(reported[KEY].drop_duplicates().assign(_src=True), on=KEY, how="left")
-    extra = merged[merged["_src"].isna() & merged["verdict"].notna()
-                   & (merged["verdict"].astype(str) != "")].drop(columns="_src")
-    sources = reported.groupby("artifact")["source"].unique()
+    extra = _unjoined_claims(papers_dir, load_ours(folder))
+    sources = load_reported(papers_dir).groupby("artifact")["source"].unique()
     source_of = {a: s[0] for a, s in sources.items() if len(s) == 1}
     extra = extra.rename(columns={"value": "ours"}).assign(
         source=extra["artifact"].map(source_of), value=float("nan"), **{"setting row": False})
-    return claims(pd.concat([table, extra[extra["source"].notna()]], ignore_index=True))
+    return claims(pd.concat([joined(papers_dir, folder), extra[extra["source"].notna()]],
+                            ignore_index=True))
 
 
 def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
