@@ -13,6 +13,7 @@ import yaml
 
 from localsgd.paper import reproduce as h
 from localsgd.paper.cli import main
+from localsgd.paper.results import library_code_hash
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = REPO / "notebooks"
@@ -95,11 +96,12 @@ def test_notebook_runs_in_smoke_mode(nb_id, tmp_path, monkeypatch, capsys):
     for ext in ("png", "pdf", "csv", "json"):
         assert (out / f"{nb_id}.{ext}").stat().st_size > 0
     side = json.loads((out / f"{nb_id}.json").read_text())
-    for key in ("git", "versions", "device", "params", "seed", "mode", "scale", "utc_time",
-                "wall_seconds"):
+    for key in ("git", "library_hash", "versions", "device", "params", "seed", "mode", "scale",
+                "utc_time", "wall_seconds"):
         assert key in side, key
     assert side["mode"] == "smoke" and side["git"]["commit"] and "dirty" in side["git"]
     assert side["versions"]["torch"] and side["wall_seconds"] > 0
+    assert side["library_hash"] == library_code_hash()  # the key its training runs read
     assert (out / "REPORT.md").exists()
     assert (tmp_path / "build" / f"{nb_id}.smoke.ipynb").exists()
     _check_compare_rows(nb_id, out)

@@ -165,11 +165,15 @@ def device_info() -> dict[str, Any]:
 
 def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | None = None,
                wall_seconds: float | None = None, **extra: Any) -> dict[str, Any]:
-    """The sidecar record: everything needed to say how a result was made."""
+    """The sidecar record: everything needed to say how a result was made. ``git`` is the checkout
+    when the record is written, which may be later than cached training runs it reads; those are
+    keyed by ``library_hash`` (`library_code_hash`), the library definitions they were trained
+    with."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not one of {SCALES}")
     return {
         "git": git_state(),
+        "library_hash": library_code_hash(),
         "versions": package_versions(),
         "device": device_info(),
         "params": params,
