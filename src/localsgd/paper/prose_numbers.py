@@ -200,6 +200,22 @@ def converged_table03() -> tuple[float, ...]:
             *(float(x) for g in gaps for x in (g.mean(), g.std(ddof=1))))
 
 
+def converged_table06() -> tuple[float, ...]:
+    """Converged mode's Table 6 (H = 1): local momentum 0.9's final test top-1 (min, max), then
+    (mean, sd) over seeds, paired by seed, of local 0.9 minus no momentum and of each global
+    momentum on top of local 0.9 (ascending) minus local 0.9 alone."""
+    df = pd.read_csv(FIG / "converged" / "table06_07_momentum.csv")
+    df = df[df["table"] == "Table 6"]
+    finals = df.sort_values("step").groupby(
+        ["seed", "local_momentum", "global_momentum"])["test_acc"].last().unstack(
+        ["local_momentum", "global_momentum"])
+    local = finals[(0.9, 0.0)]
+    gaps = [local - finals[(0.0, 0.0)]] + [
+        finals[cell] - local for cell in sorted(finals.columns) if cell[0] == 0.9 and cell[1] > 0]
+    return (float(local.min()), float(local.max()),
+            *(float(x) for g in gaps for x in (g.mean(), g.std(ddof=1))))
+
+
 def converged_outcome(name: str, metric: str) -> str:
     """The verdict's outcome (its words before the colon) of a converged compare row."""
     df = pd.read_csv(FIG / "converged" / f"{name}.compare.csv")
