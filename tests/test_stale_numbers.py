@@ -102,6 +102,8 @@ def test_the_readme_names_the_converged_verdicts_the_figures_give():
     assert f"(Table 5's match *{t5}*)" in text
     assert f"(Fig. 6c's *{fig6}*)" in text
     assert speed.startswith("not testable") and "3× speed-up is *not testable* on a CPU" in text
+    t6 = converged_outcome("table06_07_momentum", "test top-1")
+    assert f'(*{t6}*; "may help a little" read as costing at most 1 point)' in text
 
 
 def test_no_result_number_is_copied_outside_a_generated_block():
