@@ -176,7 +176,13 @@ def converged_finals(name: str, by: str = "local_steps") -> pd.DataFrame:
     df = pd.read_csv(FIG / "converged" / f"{name}.csv")
     if "delay_s" in df:
         df = df[df["delay_s"] == df["delay_s"].min()]
-    return df.sort_values("step").groupby(["seed", by])["test_acc"].last().unstack()
+    return _finals_by_seed(df, by)
+
+
+def _finals_by_seed(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
+    """Each run's last test top-1: a row per seed, a column per value (tuple) of ``by``."""
+    by = [by] if isinstance(by, str) else by
+    return df.sort_values("step").groupby(["seed", *by])["test_acc"].last().unstack(by)
 
 
 def converged_change(name: str, h: int) -> tuple[float, float]:
@@ -192,8 +198,7 @@ def converged_table03() -> tuple[float, ...]:
     df = pd.read_csv(FIG / "converged" / "table03_topologies.csv")
     if df["topology"].nunique() != 1:  # the claim's cells are compared within one topology
         raise ValueError(f"converged Table 3 ran {sorted(set(df['topology']))}: expected one")
-    finals = df.sort_values("step").groupby(["seed", "H", "Hb"])["test_acc"].last().unstack(
-        ["H", "Hb"])
+    finals = _finals_by_seed(df, ["H", "Hb"])
     flat = finals[(16, 1)]
     gaps = [finals[cell] - flat for cell in ((1, 16), (4, 4))]
     return (float(flat.min()), float(flat.max()),
@@ -206,9 +211,7 @@ def converged_table06() -> tuple[float, ...]:
     momentum on top of local 0.9 (ascending) minus local 0.9 alone."""
     df = pd.read_csv(FIG / "converged" / "table06_07_momentum.csv")
     df = df[df["table"] == "Table 6"]
-    finals = df.sort_values("step").groupby(
-        ["seed", "local_momentum", "global_momentum"])["test_acc"].last().unstack(
-        ["local_momentum", "global_momentum"])
+    finals = _finals_by_seed(df, ["local_momentum", "global_momentum"])
     local = finals[(0.9, 0.0)]
     gaps = [local - finals[(0.0, 0.0)]] + [
         finals[cell] - local for cell in sorted(finals.columns) if cell[0] == 0.9 and cell[1] > 0]
