@@ -23,7 +23,7 @@ __all__ = ["comm_bound", "configs", "fig07_claims", "with_table5_time"]
 def configs(P, seeds: Sequence[int]) -> list[TrainConfig]:
     """Figure 7's grid (§4.2.1): the notebook's base run (`grid.base_config`) at every K of
     ``P.Ks``, H of ``P.Hs`` and seed, with App. C's tricks (lr scaled by K, warm-up over
-    ``P.warmup_epochs``) when ``P.tricks`` (converged mode: so that its K = 2 runs are Table 5's)."""
+    ``P.warmup_epochs``) when ``P.tricks`` (converged mode; its file says why)."""
     base = base_config(P, **app_c_tricks(P))
     return [dataclasses.replace(base, world_size=k, local_steps=h, seed=s)
             for k in P.Ks for h in P.Hs for s in seeds]
