@@ -214,3 +214,42 @@ def test_replicas_that_do_not_fit_stop_before_training_with_the_largest_k():
     budget = 40 << 20
     assert memory.max_replicas(fn, 32, shape, budget, batched=False) > \
         memory.max_replicas(fn, 32, shape, budget, batched=True)
+
+
+def test_a_cached_run_cut_off_mid_way_resumes_from_its_last_epoch(synth, tmp_path, monkeypatch,
+                                                                  capsys):
+    # `grid.run_cached` checkpoints every epoch beside the cache entry: a run killed mid-way (no
+    # Ctrl-C, so no checkpoint of its own) goes on from its last epoch and ends bitwise equal
+    from localsgd.paper.experiments import grid
+
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache"))
+    cfg = dataclasses.replace(HYBRID, epochs=3.0)  # 8 updates an epoch
+    ref = train(cfg, dataset=synth, progress=False)
+    kill_at = [12]  # mid-way through the second epoch
+
+    def killed(t):
+        if t in kill_at:
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(grid, "train", lambda c, **kw: train(c, dataset=synth, on_step=killed,
+                                                             **kw))
+    with pytest.raises(RuntimeError, match="killed"):
+        grid.run_cached(cfg, progress=False)
+    assert grid.checkpoint_path(cfg).is_file() and not grid.is_cached(cfg)
+    kill_at.clear()
+    capsys.readouterr()
+    resumed = grid.run_cached(cfg, progress=False)
+    assert "resumed from update 8 of 24" in capsys.readouterr().out
+    cols = [c for c in ref.columns if c not in TIMED]
+    pd.testing.assert_frame_equal(ref[cols], resumed[cols], check_exact=True)
+    assert grid.is_cached(cfg) and not grid.checkpoint_path(cfg).exists()
+    # a garbled checkpoint is not trusted: one line, then the run from the start
+    grid.checkpoint_path(cfg).write_bytes(b"not a checkpoint")
+    again = grid.run_cached(cfg, progress=False, refresh=True)  # refresh drops it unread
+    assert not grid.checkpoint_path(cfg).exists()
+    pd.testing.assert_frame_equal(ref[cols], again[cols], check_exact=True)
+    other = dataclasses.replace(cfg, seed=1)
+    grid.checkpoint_path(other).write_bytes(b"not a checkpoint")
+    grid.run_cached(other, progress=False)
+    assert "is corrupt or not a localsgd checkpoint" in capsys.readouterr().out
+    assert grid.is_cached(other) and not grid.checkpoint_path(other).exists()

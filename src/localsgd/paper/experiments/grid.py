@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,7 @@ __all__ = [
     "app_c_tricks",
     "base_config",
     "cache_key",
+    "checkpoint_path",
     "dataset_available",
     "final_table",
     "is_cached",
@@ -63,11 +65,41 @@ def is_cached(cfg: TrainConfig) -> bool:
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
     """`localsgd.train.train` through the results cache: identical configs (also across
     notebooks) train once. The key holds the library wing's code (`results.library_code_hash`),
-    not the reproduction's. Inside a dry run (`localsgd.paper.dry_run`) the run is cut short and
-    not cached; under ``localsgd reproduce --profile`` its phases are recorded."""
-    return results.cached("train", cache_key(cfg), lambda: train(
-        cfg, progress=progress, limit=dry_run.limit(), on_phases=profile.on_train_phases()),
-        refresh=refresh, code=results.library_code_hash())
+    not the reproduction's. A run being trained checkpoints after every epoch beside its cache
+    entry (`checkpoint_path`), so one cut off mid-way (a closed laptop, a killed kernel) resumes
+    from its last epoch, as `train` resumes (bitwise); the checkpoint is deleted once the entry
+    is written. Inside a dry run (`localsgd.paper.dry_run`) the run is cut short, neither
+    checkpointed nor cached; under ``localsgd reproduce --profile`` its phases are recorded."""
+    code = results.library_code_hash()
+    limit = dry_run.limit()
+    ckpt = None if limit is not None else checkpoint_path(cfg)
+    if ckpt is not None and refresh:
+        ckpt.unlink(missing_ok=True)
+
+    def compute() -> pd.DataFrame:
+        def run() -> pd.DataFrame:
+            return train(cfg, progress=progress, limit=limit, on_phases=profile.on_train_phases(),
+                         checkpoint_path=ckpt, checkpoint_every=1 if ckpt else 0)
+        try:
+            return run()
+        except ValueError as err:  # a checkpoint it cannot resume (garbled, another engine)
+            if ckpt is None or str(ckpt) not in str(err):
+                raise
+            print(f"{err}: training from the start instead", flush=True)
+            ckpt.unlink(missing_ok=True)
+            return run()
+
+    out = results.cached("train", cache_key(cfg), compute, refresh=refresh, code=code)
+    if ckpt is not None:
+        ckpt.unlink(missing_ok=True)  # the entry holds the run now
+    return out
+
+
+def checkpoint_path(cfg: TrainConfig) -> Path:
+    """Where `run_cached` keeps ``cfg``'s checkpoint while training it: beside its cache entry,
+    under the same key (so a checkpoint of other code or another config is never resumed)."""
+    entry = results.cache_entry("train", cache_key(cfg), code=results.library_code_hash())
+    return entry.with_suffix(".ckpt.pt")
 
 
 # notebook parameter name -> TrainConfig field, for the names the deep-learning notebooks share
