@@ -243,13 +243,55 @@ def test_a_cached_run_cut_off_mid_way_resumes_from_its_last_epoch(synth, tmp_pat
     cols = [c for c in ref.columns if c not in TIMED]
     pd.testing.assert_frame_equal(ref[cols], resumed[cols], check_exact=True)
     assert grid.is_cached(cfg) and not grid.checkpoint_path(cfg).exists()
-    # a garbled checkpoint is not trusted: one line, then the run from the start
+    # refresh trains from the start: it drops a checkpoint unread
     grid.checkpoint_path(cfg).write_bytes(b"not a checkpoint")
-    again = grid.run_cached(cfg, progress=False, refresh=True)  # refresh drops it unread
+    again = grid.run_cached(cfg, progress=False, refresh=True)
     assert not grid.checkpoint_path(cfg).exists()
     pd.testing.assert_frame_equal(ref[cols], again[cols], check_exact=True)
+    # a garbled checkpoint is not trusted: one line, then the run from the start
     other = dataclasses.replace(cfg, seed=1)
     grid.checkpoint_path(other).write_bytes(b"not a checkpoint")
     grid.run_cached(other, progress=False)
     assert "is corrupt or not a localsgd checkpoint" in capsys.readouterr().out
     assert grid.is_cached(other) and not grid.checkpoint_path(other).exists()
+
+
+def test_a_cached_run_failing_after_a_resume_names_its_checkpoint(tmp_path, monkeypatch):
+    # an error of the run itself propagates (no silent restart), naming the file it resumed
+    from localsgd.paper.experiments import grid
+
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache"))
+
+    def broken(c, **kw):
+        raise ValueError("no such model")
+
+    monkeypatch.setattr(grid, "train", broken)
+    with pytest.raises(ValueError, match="no such model") as fresh:
+        grid.run_cached(HYBRID, progress=False)
+    assert not getattr(fresh.value, "__notes__", None)  # nothing was resumed
+    ckpt = grid.checkpoint_path(HYBRID)
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
+    ckpt.write_bytes(b"a checkpoint")
+    with pytest.raises(ValueError, match="no such model") as resumed:
+        grid.run_cached(HYBRID, progress=False)
+    note = f"(the run resumed from {ckpt}; delete it to train from the start)"
+    assert resumed.value.__notes__ == [note]
+    assert ckpt.is_file()  # kept: the error was not the checkpoint's
+
+
+def test_a_dry_run_never_checkpoints(synth, tmp_path, monkeypatch):
+    from localsgd.paper import dry_run
+    from localsgd.paper.experiments import grid
+
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(dry_run.ENV, "3")
+    seen = {}
+
+    def spy(c, **kw):
+        seen.update(kw)
+        return train(c, dataset=synth, **kw)
+
+    monkeypatch.setattr(grid, "train", spy)
+    grid.run_cached(HYBRID, progress=False)
+    assert seen["checkpoint_path"] is None and seen["checkpoint_every"] == 0
+    assert not list((tmp_path / "cache").rglob("*.ckpt.pt"))

@@ -80,14 +80,19 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
         def run() -> pd.DataFrame:
             return train(cfg, progress=progress, limit=limit, on_phases=profile.on_train_phases(),
                          checkpoint_path=ckpt, checkpoint_every=1 if ckpt else 0)
+        resumed = ckpt is not None and ckpt.is_file()
         try:
             return run()
-        except ValueError as err:  # a checkpoint it cannot resume (garbled, another engine)
-            if ckpt is None or str(ckpt) not in str(err):
+        except Exception as err:
+            if not resumed:
                 raise
-            print(f"{err}: training from the start instead", flush=True)
-            ckpt.unlink(missing_ok=True)
-            return run()
+            if isinstance(err, ValueError) and str(ckpt) in str(err):
+                # a checkpoint it cannot resume (garbled, written by the other engine)
+                print(f"{err}: training from the start instead", flush=True)
+                ckpt.unlink(missing_ok=True)
+                return run()
+            err.add_note(f"(the run resumed from {ckpt}; delete it to train from the start)")
+            raise
 
     out = results.cached("train", cache_key(cfg), compute, refresh=refresh, code=code)
     if ckpt is not None:
@@ -172,6 +177,9 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
         event = {"index": i + 1, "runs": len(configs), "cached": cached[i],
                  "what": run_progress.describe(cfg, apart)}
         run_progress.record("run", **event)
+        # a run resumed from its checkpoint trains only its rest: left out of the pace
+        resumed = (not cached[i] and not refresh and dry_run.updates() is None
+                   and checkpoint_path(cfg).is_file())
         t0 = time.perf_counter()
         df = run_cached(cfg, refresh=refresh, progress=progress).assign(run=i)
         seconds = time.perf_counter() - t0
@@ -179,9 +187,12 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
                             test_acc=float(df["test_acc"].iloc[-1]) if "test_acc" in df and len(df)
                             else None)
         if not cached[i]:
-            spent, done, left = spent + seconds, done + images[i], left - images[i]
+            left -= images[i]
+            if not resumed:
+                spent, done = spent + seconds, done + images[i]
             if progress and left:
                 print(f"run {i + 1} of {len(configs)} trained in {seconds:.0f} s"
+                      + (" (its rest, resumed)" if resumed else "")
                       + run_progress.remaining(spent, done, left), flush=True)
         if labels is not None:
             df = df.assign(**labels[i])
