@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from localsgd.paper import cli, report
+from localsgd.paper import cli, gpu_plan, report
 from localsgd.paper import reproduce as h
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,6 +106,15 @@ def test_the_estimate_counts_a_run_two_notebooks_share_once(tmp_path, monkeypatc
     # Figure 7's K = 2 runs are not Table 5's (a 5-epoch warm-up against 1): 6 + 18, none shared
     text = cli._converged_estimate(args, ["fig07_scaling", "table05_models"], {})
     assert text.startswith("converged mode: 24 runs (0 more shared between notebooks)"), text
+    # a run cut off mid-way left its checkpoint: it is still to train, from there
+    from localsgd.paper.experiments import grid
+
+    key = next(iter({i.key for i in gpu_plan.paper_items(NOTEBOOKS, ids, "converged", {})}))
+    grid.checkpoint_path(key).parent.mkdir(parents=True, exist_ok=True)
+    grid.checkpoint_path(key).write_bytes(b"a checkpoint")
+    text = cli._converged_estimate(args, ids, {})
+    assert text.startswith("converged mode: 9 runs (6 more shared between notebooks), 0 of them "
+                           "cached; 9 to train (1 from a checkpoint), 8,999,424"), text
 
 
 # Each other converged parameter file at smoke size: the file's own K, topology, grid and
