@@ -230,10 +230,10 @@ def _converged_estimate(args: argparse.Namespace, ids: list[str], sets: dict) ->
 
     items = gpu_plan.paper_items(args.notebooks, ids, "converged", sets)
     unique = {i.key: i for i in items}  # the cache trains a shared configuration once
-    todo = [i for key, i in unique.items() if not grid.is_cached(key)]
-    images = sum(i.runs * i.updates * i.images_per_update for i in todo)
+    todo = {key: i for key, i in unique.items() if not grid.is_cached(key)}
+    images = sum(i.runs * i.updates * i.images_per_update for i in todo.values())
     # a run cut off mid-way goes on from its checkpoint (counted whole: the estimate errs long)
-    part = sum(grid.checkpoint_path(key).is_file() for key in unique if not grid.is_cached(key))
+    part = sum(grid.checkpoint_path(key).is_file() for key in todo)
     left = (f"{len(todo)} to train" + (f" ({part} from a checkpoint)" if part else "")
             + f", {images:,} training images: {run_progress.proxy_time(images)}"
             if todo else "nothing to train")
