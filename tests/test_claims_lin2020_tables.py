@@ -88,6 +88,21 @@ def test_table01_not_measurable_without_finite_accuracy():
     assert not any("nan" in r["verdict"].lower() for r in rows if "verdict" in r)
 
 
+def test_table01_says_when_mini_batch_underfits():
+    # mini-batch SGD fits its training set no better than it tests: local SGD's lead is then an
+    # optimisation gap, and the verdict says so; with a train top-1 above the rival's test
+    # top-1 (or no train_acc column) it says nothing more
+    final = t1_final([20.0, 21.0], [25.0, 26.0], base=[50.0, 52.0])
+    final["train_acc"] = final.test_acc + 1.0
+    text = claimed(t1(final))["verdict"]
+    assert text.startswith("held: ")
+    assert "mini-batch SGD underfits (w/o tricks: train top-1 52.0 % < local SGD's test top-1 " \
+        "71.5 %; w/ tricks: train top-1 52.0 % < local SGD's test top-1 76.5 %)" in text
+    final["train_acc"] = 99.0
+    assert "underfits" not in claimed(t1(final))["verdict"]
+    assert "underfits" not in claimed(t1(t1_final([20.0, 21.0], [25.0, 26.0])))["verdict"]
+
+
 def test_table01_keys_join_reported():
     keys = reported_keys()
     for row in t1(t1_final([1.0, 2.0], [1.0, 2.0])):
