@@ -139,4 +139,3 @@ def _underfit_text(top: pd.DataFrame) -> str:
         return ""
     return ("; but mini-batch SGD underfits (" + "; ".join(under) + "): the gap measures what "
             "each method fits in the epoch budget, not generalisation")
-
