@@ -225,15 +225,15 @@ def gpu_table01() -> tuple[float, ...]:
     paired by seed, without then with the tricks; then mini-batch SGD's mean final train top-1
     without, with them."""
     df = pd.read_csv(FIG / "gpu" / "h100" / "converged" / "table01_large_batch.csv")
-    final = df.groupby("run").last()
-    final = final[final["B_glob"] == final["B_glob"].max()]
-    out, train = [], []
+    top = df[df["B_glob"] == df["B_glob"].max()]
+    finals = _finals_by_seed(top, ["tricks", "method"])
+    train = top.sort_values("step").groupby(["tricks", "method", "seed"])["train_acc"].last()
+    out = []
     for tricks in ("w/o tricks", "w/ tricks"):
-        cell = final[final["tricks"] == tricks].set_index(["method", "seed"])
-        gap = cell.loc["local SGD", "test_acc"] - cell.loc["mini-batch SGD", "test_acc"]
+        gap = finals[(tricks, "local SGD")] - finals[(tricks, "mini-batch SGD")]
         out += [float(gap.mean()), float(gap.std(ddof=1))]
-        train.append(float(cell.loc["mini-batch SGD", "train_acc"].mean()))
-    return (*out, *train)
+    return (*out, *(float(train[(t, "mini-batch SGD")].mean())
+                    for t in ("w/o tricks", "w/ tricks")))
 
 
 def converged_fig07(folder: str = "converged") -> tuple[float, ...]:
