@@ -112,6 +112,34 @@ def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported
     (info,) = phases
     assert info["updates"] == 3 and info["first_rank"] == 0 and info["torchrun"] is False
     assert all(info[p] >= 0 for p in LOOP_PHASES) and info["compute"] > 0
+    assert info["device_busy"] == info["compute"]  # the CPU computes on the host's time
+
+
+def test_on_an_asynchronous_device_the_devices_busy_time_is_booked_beside_the_hosts_phases():
+    # on CUDA an update's host seconds (kernel launches) are shorter than the device's work,
+    # which runs on through the next batch's data phase: subtracting the one from the other
+    # booked negative engine seconds (-0.2 to -0.4 s of 50 updates on an H100, gpu-check)
+    from localsgd.engines.common import Deferred
+    from localsgd.train_state import DEVICE_BUSY, Totals, Unread
+
+    def settle(asynchronous):
+        unread, tot = Unread(), Totals(step_seconds=[[], []])
+        phases = dict.fromkeys((*LOOP_PHASES, DEVICE_BUSY), 0.0)
+        for _ in range(3):  # host 1 ms an update, device 5 ms per worker
+            unread.add(torch.tensor([1.0, 2.0]), {"correct": torch.tensor([3.0, 4.0]),
+                                                  "compute_seconds": Deferred(lambda: [5e-3] * 2)},
+                       step_s=1e-3)
+        unread.settle(tot, phases, images=4, workers=2, asynchronous=asynchronous)
+        assert tot.seen == 24 and tot.correct == 21 and tot.loss_sum == pytest.approx(36.0)
+        assert tot.step_seconds == [[5e-3] * 3] * 2
+        return phases
+
+    gpu = settle(asynchronous=True)
+    assert gpu["engine"] == pytest.approx(3e-3)  # the host's own time in the updates
+    assert 0 <= gpu["compute"] < 0.5  # the host read's wait (nothing to wait for here)
+    assert gpu[DEVICE_BUSY] == pytest.approx(30e-3)  # beside the split, not subtracted
+    cpu = settle(asynchronous=False)  # synchronous: the workers' compute is the host's time
+    assert cpu["compute"] == pytest.approx(30e-3) == cpu[DEVICE_BUSY]
 
 
 @pytest.mark.parametrize(("choice", "threads", "nhwc"), [

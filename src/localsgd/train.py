@@ -304,8 +304,11 @@ def train(
         limit: cut the run short (`RunLimit`; None: train ``cfg`` whole).
         on_phases: called once when the loop ends (also by an error or Ctrl-C) with where its
             time went: seconds of ``setup``, ``data``, ``compute``, ``engine``, ``evaluate``
-            and the rest of the ``loop``, plus ``updates`` run, ``first_rank``, ``torchrun``,
-            ``model`` and ``world_size`` (the reproduction's profiler records them).
+            and the rest of the ``loop`` (they split the host's wall time; on a GPU compute is
+            the host's wait for the device, `localsgd.train_state.Unread.settle`), the
+            device's busy seconds beside them (``device_busy``), plus ``updates`` run,
+            ``first_rank``, ``torchrun``, ``model`` and ``world_size`` (the reproduction's
+            profiler records them).
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
     batches since the previous record, before each update, augmented), test_loss / test_acc

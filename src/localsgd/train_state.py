@@ -24,10 +24,13 @@ from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpo
 from localsgd.engines import Engine
 from localsgd.train_config import TrainConfig
 
-__all__ = ["LOOP_PHASES", "Run", "Totals", "Unread"]
+__all__ = ["DEVICE_BUSY", "LOOP_PHASES", "Run", "Totals", "Unread"]
 
-# the loop's phases, in seconds, that `train` reports to ``on_phases``
+# the loop's phases, in seconds, that `train` reports to ``on_phases``: they split the host's
+# wall time and sum to the loop's (`Unread.settle` says what compute and engine are on a GPU)
 LOOP_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
+# reported beside them: the device's busy seconds, which on a GPU overlap the host's phases
+DEVICE_BUSY = "device_busy"
 
 
 @dataclass
@@ -61,12 +64,20 @@ class Unread:
                           stats.get("compute_wall_seconds")))
 
     def settle(self, tot: Totals, phases: dict[str, float], images: int, workers: int,
-               also: torch.Tensor | None = None) -> list[float]:
+               also: torch.Tensor | None = None, *, asynchronous: bool = False) -> list[float]:
         """Add the unread updates to ``tot`` and ``phases``: one host read for all their losses
         and hits (Python sums in update order, as a per-update read would give), then their
         timings; ``images`` per worker and update, ``workers`` in this process. ``also``: more
         device values (a record's evaluation sums) read in the same host read; returned
-        flattened, as float64."""
+        flattened, as float64.
+
+        The phases split the host's wall time. On the CPU (synchronous) an update's host
+        seconds are the workers' compute (``compute``) and the rest (``engine``: averaging,
+        optimizer bookkeeping). On an ``asynchronous`` device (CUDA) the device computes while
+        the host launches kernels and prepares the next batches, so its busy time cannot be
+        subtracted from the host's: ``engine`` is the host's time in the updates (launches,
+        averaging) and ``compute`` the host's wait for the device here. The device's busy
+        seconds go to ``phases[DEVICE_BUSY]`` on every device, beside the split."""
         extra = [] if also is None else [also.detach().flatten().double()]
         if not self.rows:
             return torch.cat(extra).tolist() if extra else []
@@ -79,7 +90,7 @@ class Unread:
         # new totals first, assigned together: a second Ctrl-C in here cannot count twice
         loss_sum, correct, seen = tot.loss_sum, tot.correct, tot.seen
         step_seconds = [list(times) for times in tot.step_seconds]
-        compute, engine = phases["compute"], phases["engine"]
+        compute, engine, device = phases["compute"], phases["engine"], phases[DEVICE_BUSY]
         for row, (_, _, seconds, step_s, busy) in zip(values, self.rows, strict=True):
             n = len(row) // 2
             loss_sum += sum(row[:n]) * images
@@ -89,13 +100,19 @@ class Unread:
             for times, sec in zip(step_seconds, per_worker, strict=True):
                 times.append(sec)
             busy = busy if busy is not None else sum(per_worker)
-            compute += busy
-            engine += step_s - busy  # the host's time beyond the device's work
+            device += busy
+            if asynchronous:
+                engine += step_s  # the host launched this update; the device ran beside it
+            else:
+                compute += busy
+                engine += step_s - busy  # the host's time beyond the workers' compute
         self.rows.clear()
         tot.loss_sum, tot.correct, tot.seen, tot.step_seconds = loss_sum, correct, seen, \
             step_seconds
-        phases["compute"] = compute
-        phases["engine"] = engine + time.perf_counter() - t_wait  # + the wait for the device
+        wait = time.perf_counter() - t_wait  # the host read: on a GPU, the wait for the device
+        phases["compute"] = compute + wait if asynchronous else compute
+        phases["engine"] = engine if asynchronous else engine + wait
+        phases[DEVICE_BUSY] = device
         return flat[width * len(rows):]
 
 
@@ -113,7 +130,8 @@ class Run:
     threads: int
     checkpoint_path: Any
     records: list[dict] = field(default_factory=list)
-    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LOOP_PHASES, 0.0))
+    phases: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys((*LOOP_PHASES, DEVICE_BUSY), 0.0))
     unread: Unread = field(default_factory=Unread)
 
     def __post_init__(self):
@@ -130,7 +148,8 @@ class Run:
 
     def settle(self, also: torch.Tensor | None = None) -> list[float]:
         return self.unread.settle(self.tot, self.phases, images=self.cfg.local_batch,
-                                  workers=len(self.ranks), also=also)
+                                  workers=len(self.ranks), also=also,
+                                  asynchronous=self.device.type != "cpu")
 
     def snapshot(self) -> dict:
         self.settle()

@@ -11,7 +11,8 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
 3. The training loop on the first configuration of every paper notebook that trains
    (`gpu_plan.paper_configs`), as paper mode builds it (``precision: auto``: TF32 on CUDA),
    for 50 updates after 5 untimed ones: where the
-   loop's time goes (`localsgd.train.LOOP_PHASES`) and its training images/s -> ``loop.csv``.
+   loop's time goes (`localsgd.train.LOOP_PHASES`, the host's; the device's busy seconds
+   beside them, ``device_busy_s``) and its training images/s -> ``loop.csv``.
    A notebook whose data set is not on the machine is listed as skipped, with the reason.
 4. ``provenance.json``: the GPU's name, the versions, the command, the commit, the wall time.
 
@@ -203,6 +204,7 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
     """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
     from localsgd.paper import gpu_plan
     from localsgd.train import LOOP_PHASES, RunLimit, train
+    from localsgd.train_state import DEVICE_BUSY
 
     t0, rows, cache = time.perf_counter(), [], {}
     for notebook, configs in gpu_plan.paper_configs(notebooks_dir, only).items():
@@ -243,7 +245,8 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
             row.update(batched=bool(records["batched"].iloc[-1]),
                        precision=str(records["precision"].iloc[-1]))
             row.update(updates=updates, train_images=updates * cfg.world_size * per_worker,
-                       **{f"{k}_s": round(float(phases.get(k, 0.0)), 3) for k in LOOP_PHASES})
+                       **{f"{k}_s": round(float(phases.get(k, 0.0)), 3)
+                          for k in (*LOOP_PHASES, DEVICE_BUSY)})
             row["images_per_s"] = round(row["train_images"] / busy, 1) if busy > 0 else ""
         except Exception as exc:  # noqa: BLE001 -- reported as a failed row, the others go on
             first = short_paths((str(exc).strip().splitlines() or [""])[0])[:200]
