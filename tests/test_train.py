@@ -120,7 +120,7 @@ def test_on_an_asynchronous_device_the_devices_busy_time_is_booked_beside_the_ho
     # which runs on through the next batch's data phase: subtracting the one from the other
     # booked negative engine seconds (-0.2 to -0.4 s of 50 updates on an H100, gpu-check)
     from localsgd.engines.common import Deferred
-    from localsgd.train_state import DEVICE_BUSY, Totals, Unread
+    from localsgd.train_state import DEVICE_BUSY, Totals, Unread, timed_by_events
 
     def settle(asynchronous):
         unread, tot = Unread(), Totals(step_seconds=[[], []])
@@ -140,6 +140,9 @@ def test_on_an_asynchronous_device_the_devices_busy_time_is_booked_beside_the_ho
     assert gpu[DEVICE_BUSY] == pytest.approx(30e-3)  # beside the split, not subtracted
     cpu = settle(asynchronous=False)  # synchronous: the workers' compute is the host's time
     assert cpu["compute"] == pytest.approx(30e-3) == cpu[DEVICE_BUSY]
+    # which devices book so: CUDA only (MPS synchronises at every timing mark)
+    assert [timed_by_events(torch.device(d)) for d in ("cuda", "cuda:1", "cpu", "mps")] == [
+        True, True, False, False]
 
 
 @pytest.mark.parametrize(("choice", "threads", "nhwc"), [

@@ -304,7 +304,7 @@ def train(
         limit: cut the run short (`RunLimit`; None: train ``cfg`` whole).
         on_phases: called once when the loop ends (also by an error or Ctrl-C) with where its
             time went: seconds of ``setup``, ``data``, ``compute``, ``engine``, ``evaluate``
-            and the rest of the ``loop`` (they split the host's wall time; on a GPU compute is
+            and the rest of the ``loop`` (they split the host's wall time; on CUDA compute is
             the host's wait for the device, `localsgd.train_state.Unread.settle`), the
             device's busy seconds beside them (``device_busy``), plus ``updates`` run,
             ``first_rank``, ``torchrun``, ``model`` and ``world_size`` (the reproduction's

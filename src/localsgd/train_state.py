@@ -24,12 +24,12 @@ from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpo
 from localsgd.engines import Engine
 from localsgd.train_config import TrainConfig
 
-__all__ = ["DEVICE_BUSY", "LOOP_PHASES", "Run", "Totals", "Unread"]
+__all__ = ["DEVICE_BUSY", "LOOP_PHASES", "Run", "Totals", "Unread", "timed_by_events"]
 
 # the loop's phases, in seconds, that `train` reports to ``on_phases``: they split the host's
-# wall time and sum to the loop's (`Unread.settle` says what compute and engine are on a GPU)
+# wall time and sum to the loop's (`Unread.settle` says what compute and engine are on CUDA)
 LOOP_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
-# reported beside them: the device's busy seconds, which on a GPU overlap the host's phases
+# reported beside them: the device's busy seconds, which on CUDA overlap the host's phases
 DEVICE_BUSY = "device_busy"
 
 
@@ -48,6 +48,12 @@ class Totals:
     loss_sum: float = 0.0
     correct: int = 0
     seen: int = 0
+
+
+def timed_by_events(device: torch.device) -> bool:
+    """Whether ``device``'s updates are timed by events while the host runs ahead (CUDA, as
+    `localsgd.engines.common.PhaseClock`); MPS synchronises at each mark, like the CPU."""
+    return device.type == "cuda"
 
 
 class Unread:
@@ -73,11 +79,14 @@ class Unread:
 
         The phases split the host's wall time. On the CPU (synchronous) an update's host
         seconds are the workers' compute (``compute``) and the rest (``engine``: averaging,
-        optimizer bookkeeping). On an ``asynchronous`` device (CUDA) the device computes while
-        the host launches kernels and prepares the next batches, so its busy time cannot be
-        subtracted from the host's: ``engine`` is the host's time in the updates (launches,
-        averaging) and ``compute`` the host's wait for the device here. The device's busy
-        seconds go to ``phases[DEVICE_BUSY]`` on every device, beside the split."""
+        optimizer bookkeeping). On an ``asynchronous`` device (CUDA, timed by events) the
+        device computes while the host launches kernels and prepares the next batches, so its
+        busy time cannot be subtracted from the host's: ``engine`` is the host's wall time in
+        the updates (launches, averaging, and any wait a full launch queue forces) and
+        ``compute`` the host's wait for the device at this read (the updates' work and a
+        record's evaluation still running). The device's busy seconds go to
+        ``phases[DEVICE_BUSY]`` on every device, beside the split. (MPS synchronises at each
+        timing mark, so its updates are booked as the CPU's.)"""
         extra = [] if also is None else [also.detach().flatten().double()]
         if not self.rows:
             return torch.cat(extra).tolist() if extra else []
@@ -109,7 +118,7 @@ class Unread:
         self.rows.clear()
         tot.loss_sum, tot.correct, tot.seen, tot.step_seconds = loss_sum, correct, seen, \
             step_seconds
-        wait = time.perf_counter() - t_wait  # the host read: on a GPU, the wait for the device
+        wait = time.perf_counter() - t_wait  # the host read: on CUDA, the wait for the device
         phases["compute"] = compute + wait if asynchronous else compute
         phases["engine"] = engine if asynchronous else engine + wait
         phases[DEVICE_BUSY] = device
@@ -149,7 +158,7 @@ class Run:
     def settle(self, also: torch.Tensor | None = None) -> list[float]:
         return self.unread.settle(self.tot, self.phases, images=self.cfg.local_batch,
                                   workers=len(self.ranks), also=also,
-                                  asynchronous=self.device.type != "cpu")
+                                  asynchronous=timed_by_events(self.device))
 
     def snapshot(self) -> dict:
         self.settle()
@@ -196,7 +205,7 @@ class Run:
         t_eval = time.perf_counter()
         # each process evaluates its shard of the test batches (under torchrun: 1/K each); its
         # sums are read with the unread updates' in one host read (on CUDA, the device's
-        # evaluation time lands in the engine phase's wait)
+        # evaluation time lands in the compute phase's wait)
         pending = source.eval_sums(engine.averaged_model(), self.layout, max(1, self.threads),
                                    self.shard)
         self.phases["evaluate"] += time.perf_counter() - t_eval

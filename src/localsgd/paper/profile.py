@@ -17,8 +17,9 @@ time into one row of phases:
 * ``compile``: ``torch.compile`` time those launches report (the first compiled step);
 * training, from `train` (in-process runs, plus rank 0 of each torchrun world): ``setup`` (data
   set load, engine build), ``data`` (batches: indexing, augmentation, loader waits),
-  ``compute`` (forward + backward + optimizer step, summed over the process's workers),
-  ``engine`` (the rest of each engine step: averaging, outer steps, Python), ``evaluate``
+  ``compute`` (forward + backward + optimizer step, summed over the process's workers; on
+  CUDA the host's wait for the device), ``engine`` (the rest of each engine step: averaging,
+  outer steps, Python; on CUDA the host's whole time in the steps), ``evaluate``
   (the averaged model on the test set), ``loop`` (records, checkpoints, progress);
 * ``convex``: the convex simulator (w8a load, f*, Figure 4/5 grids: `profile.timed`);
 * ``save``: figures, CSVs and provenance written by ``Session.save``;
