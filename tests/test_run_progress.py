@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
+
 from localsgd.paper import run_progress
 
 
@@ -42,3 +44,15 @@ def test_a_run_is_named_by_what_tells_it_apart_from_the_others():
     assert apart == ["local_steps", "seed"]
     assert run_progress.describe(grid[3], apart) == "local_steps=8, seed=1"
     assert run_progress.varying(grid[:1]) == []
+
+
+def test_the_proxy_estimate_charges_a_large_local_batch_its_slower_images():
+    # Table 1's mini-batch SGD (B_loc = 2,048) took 1.86x as long per image as B_loc = 128
+    base = run_progress.proxy_seconds(1_000_000)
+    assert base == pytest.approx(1_000_000 / run_progress.CONVERGED_IMAGES_PER_S)
+    assert run_progress.proxy_seconds(1_000_000, 2048) == pytest.approx(base * 877 / 471)
+    assert run_progress.proxy_seconds(1_000_000, 8192) == run_progress.proxy_seconds(1_000_000, 2048)
+    assert run_progress.proxy_seconds(1_000_000, 32) == base
+    assert base < run_progress.proxy_seconds(1_000_000, 512) < base * 877 / 471
+    assert "about 1.0 h at 1,264 images/s, 1.86x longer per image at B_loc = 2,048" in \
+        run_progress.proxy_time(3600)

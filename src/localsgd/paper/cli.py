@@ -232,10 +232,13 @@ def _converged_estimate(args: argparse.Namespace, ids: list[str], sets: dict) ->
     unique = {i.key: i for i in items}  # the cache trains a shared configuration once
     todo = {key: i for key, i in unique.items() if not grid.is_cached(key)}
     images = sum(i.runs * i.updates * i.images_per_update for i in todo.values())
+    seconds = sum(run_progress.proxy_seconds(i.runs * i.updates * i.images_per_update,
+                                             i.images_per_update // (i.world_size or 1))
+                  for i in todo.values())
     # a run cut off mid-way goes on from its checkpoint (counted whole: the estimate errs long)
     part = sum(grid.checkpoint_path(key).is_file() for key in todo)
     left = (f"{len(todo)} to train" + (f" ({part} from a checkpoint)" if part else "")
-            + f", {images:,} training images: {run_progress.proxy_time(images)}"
+            + f", {images:,} training images: {run_progress.proxy_time(seconds)}"
             if todo else "nothing to train")
     return (f"converged mode: {len(unique)} runs ({len(items) - len(unique)} more shared between "
             f"notebooks), {len(unique) - len(todo)} of them cached; {left}")

@@ -11,6 +11,7 @@ appends a line per run start and end (`record`) to the file named by ``LOCALSGD_
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -25,14 +26,27 @@ ENV = "LOCALSGD_RUN_PROGRESS"
 # proxy: Table 5's ResNet-20 at width 0.5, K = 2, H = 1, B_loc = 128, all of CIFAR-10, two host
 # threads: 999,936 images in 791 s on the project's 2-core AMD EPYC (AVX2), 2026-11-26
 CONVERGED_IMAGES_PER_S = 1264.0
+# a large local batch trains slower per image on the CPU: B_loc = 2,048 took 877 s against
+# B_loc = 128's 471 s for the same 20 epochs of the proxy (Table 1's comparison, issue 31's
+# measurement on the same AMD EPYC); between the two, log-linear in B_loc
+LARGE_BATCH = 2048
+LARGE_BATCH_SLOWDOWN = 877 / 471
 
 
-def proxy_time(images: int) -> str:
-    """About how long ``images`` training images of converged mode's proxy take on 2 CPU cores."""
-    hours = images / CONVERGED_IMAGES_PER_S / 3600
+def proxy_seconds(images: int, local_batch: int = 128) -> float:
+    """About how many seconds ``images`` training images of converged mode's proxy take on 2
+    CPU cores at local batch ``local_batch``."""
+    share = math.log2(max(local_batch, 128) / 128) / math.log2(LARGE_BATCH / 128)
+    return images * (1 + (LARGE_BATCH_SLOWDOWN - 1) * min(share, 1.0)) / CONVERGED_IMAGES_PER_S
+
+
+def proxy_time(seconds: float) -> str:
+    """``seconds`` of `proxy_seconds`, said with the rates they come from."""
+    hours = seconds / 3600
     when = f"{hours:.1f} h" if hours >= 1 else f"{hours * 60:.0f} min"
-    return (f"about {when} at {CONVERGED_IMAGES_PER_S:,.0f} images/s (the converged proxy on 2 "
-            "CPU cores; a slower machine takes longer)")
+    return (f"about {when} at {CONVERGED_IMAGES_PER_S:,.0f} images/s, {LARGE_BATCH_SLOWDOWN:.2f}x "
+            f"longer per image at B_loc = {LARGE_BATCH:,} (the converged proxy on 2 CPU cores; a "
+            "slower machine takes longer)")
 
 
 def remaining(seconds_so_far: float, images_done: int, images_left: int) -> str:

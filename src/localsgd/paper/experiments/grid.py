@@ -170,8 +170,10 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
     if progress and left:
         proxy = all(c or (cfg.model, cfg.width, cfg.device) == ("resnet20", 0.5, "cpu")
                     for cfg, c in zip(configs, cached, strict=True))
+        seconds = sum(run_progress.proxy_seconds(n, cfg.local_batch)
+                      for n, cfg, c in zip(images, configs, cached, strict=True) if not c)
         print(f"{len(configs) - sum(cached)} of {len(configs)} runs to train ({left:,} training "
-              f"images)" + (f": {run_progress.proxy_time(left)}" if proxy else ""), flush=True)
+              f"images)" + (f": {run_progress.proxy_time(seconds)}" if proxy else ""), flush=True)
     spent, done = 0.0, 0
     for i, cfg in enumerate(tqdm(configs, desc="runs", disable=not progress)):
         event = {"index": i + 1, "runs": len(configs), "cached": cached[i],
