@@ -231,10 +231,11 @@ def _converged_estimate(args: argparse.Namespace, ids: list[str], sets: dict) ->
     items = gpu_plan.paper_items(args.notebooks, ids, "converged", sets)
     unique = {i.key: i for i in items}  # the cache trains a shared configuration once
     todo = {key: i for key, i in unique.items() if not grid.is_cached(key)}
-    images = sum(i.runs * i.updates * i.images_per_update for i in todo.values())
-    seconds = sum(run_progress.proxy_seconds(i.runs * i.updates * i.images_per_update,
-                                             i.images_per_update // (i.world_size or 1))
-                  for i in todo.values())
+    # (training images, B_loc) of each configuration to train
+    sizes = [(i.runs * i.updates * i.images_per_update, i.images_per_update // (i.world_size or 1))
+             for i in todo.values()]
+    images = sum(n for n, _ in sizes)
+    seconds = sum(run_progress.proxy_seconds(n, b) for n, b in sizes)
     # a run cut off mid-way goes on from its checkpoint (counted whole: the estimate errs long)
     part = sum(grid.checkpoint_path(key).is_file() for key in todo)
     left = (f"{len(todo)} to train" + (f" ({part} from a checkpoint)" if part else "")
