@@ -65,6 +65,9 @@ def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
     said = _outputs(executed)
     assert "4 of 4 runs to train (256 training images)" in said, said
     assert "run 1 of 4 trained in " in said and "; the rest (192 images) about " in said
+    # each finished run is kept beside the figures too (committed: it travels to a new machine)
+    kept = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(kept) == 8 and all(n.startswith("train-") for n in kept), kept
 
     # interrupted and run again: the cache holds every run, none is trained twice
     again = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900,
@@ -140,3 +143,39 @@ def test_every_converged_file_runs_at_smoke_size(nb_id, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     compare = pd.read_csv(tmp_path / "figures" / "converged" / f"{nb_id}.compare.csv")
     assert set(compare["scale"]) == {"converged"} and compare["verdict"].notna().any()
+
+
+def test_kept_runs_serve_a_machine_whose_cache_is_empty(tmp_path, monkeypatch):
+    # `reproduce --mode converged` keeps each finished run in <out>/converged/runs/ (committed);
+    # on another machine (an empty results cache) those runs are read back, not trained again
+    from localsgd.paper.experiments import grid
+    from localsgd.train import TrainConfig
+
+    trained = []
+
+    def fake_train(cfg, **_):
+        trained.append(cfg.seed)
+        return pd.DataFrame({"epoch": [1.0], "test_acc": [50.0 + cfg.seed]})
+
+    monkeypatch.setattr(grid, "train", fake_train)
+    monkeypatch.setenv(grid.RUNS_ENV, str(tmp_path / "runs"))
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache-a"))
+    cfg = TrainConfig(n_train=8, seed=3)
+    assert not grid.is_cached(cfg)
+    assert grid.run_cached(cfg, progress=False).test_acc.tolist() == [53.0]
+    assert trained == [3]
+    name = grid.checkpoint_path(cfg).with_suffix("").with_suffix(".csv").name
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(
+        [name, name.replace(".csv", ".json")])
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache-b"))  # another machine
+    assert grid.is_cached(cfg)
+    assert grid.run_cached(cfg, progress=False).test_acc.tolist() == [53.0]
+    assert trained == [3]  # read back, not trained
+    assert grid.checkpoint_path(cfg).with_suffix("").with_suffix(".csv").is_file()  # now cached
+    # another configuration is not served by it; without the folder nothing is kept
+    assert not grid.is_cached(TrainConfig(n_train=8, seed=4))
+    monkeypatch.delenv(grid.RUNS_ENV)
+    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache-c"))
+    assert not grid.is_cached(cfg)
+    grid.run_cached(TrainConfig(n_train=8, seed=5), progress=False)
+    assert trained == [3, 5] and len(list((tmp_path / "runs").iterdir())) == 2

@@ -352,7 +352,14 @@ def _reproduce(args: argparse.Namespace) -> int:
     probe_s, committed = None, {}
     if reference.is_file():
         committed = json.loads(reference.read_text()).get("notebook_seconds", {})
+    runs_env = None
     if args.mode == "converged":  # the estimate first: hours of CPU
+        from localsgd.paper.experiments import grid
+
+        # finished runs are kept beside the figures (committed), read back where the cache lacks
+        # them: a reproduction cut off on one machine goes on on another (the kernels inherit it)
+        runs_env = grid.RUNS_ENV
+        os.environ[runs_env] = str(out_dir / "runs")
         print(_converged_estimate(args, [s.id for s in specs], sets), flush=True)
     if args.mode == "quick":  # smoke runs take seconds: no estimate
         probe_s = speed.probe()
@@ -360,9 +367,13 @@ def _reproduce(args: argparse.Namespace) -> int:
                              timed=h.TIMED)
         print(est.format() if est else f"no {reference}: no time estimate", flush=True)
     t0 = time.perf_counter()
-    results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
-                    cwd=args.notebooks.resolve().parent, kernel=args.kernel, sets=sets,
-                    profiled=args.profile is not None, jobs=args.jobs, expected=committed)
+    try:
+        results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
+                        cwd=args.notebooks.resolve().parent, kernel=args.kernel, sets=sets,
+                        profiled=args.profile is not None, jobs=args.jobs, expected=committed)
+    finally:
+        if runs_env is not None:
+            os.environ.pop(runs_env, None)
     wall = time.perf_counter() - t0
     print(h.summary_table(results))
     if sets:

@@ -10,6 +10,8 @@ H = 1…16 curves are Table 1's "local SGD w/o tricks" column) train it once.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,6 +37,7 @@ __all__ = [
     "pool_compute",
     "run_cached",
     "run_grid",
+    "runs_dir",
     "speedup_table",
     "time_to_accuracy",
     "with_time",
@@ -56,10 +59,37 @@ def cache_key(cfg: TrainConfig) -> dict:
             and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
 
 
+# Set by `localsgd reproduce --mode converged` to <out-dir>/converged/runs (figures/converged/runs/
+# by default): finished runs are kept there too, so that the hours they took travel with the
+# repository to a machine whose results cache is empty.
+RUNS_ENV = "LOCALSGD_RUNS"
+
+
+def runs_dir() -> Path | None:
+    """The folder of kept finished runs (`RUNS_ENV`), or None outside a converged reproduction."""
+    value = os.environ.get(RUNS_ENV)
+    return Path(value) if value else None
+
+
+def _entry(cfg: TrainConfig) -> Path:
+    return results.cache_entry("train", cache_key(cfg), code=results.library_code_hash())
+
+
 def is_cached(cfg: TrainConfig) -> bool:
-    """Whether `run_cached` would serve ``cfg`` from the results cache (no training)."""
-    return results.cache_entry("train", cache_key(cfg),
-                               code=results.library_code_hash()).exists()
+    """Whether `run_cached` would serve ``cfg`` without training: from the results cache, or
+    from the kept runs of `runs_dir` (same file name: same parameters and library code)."""
+    entry, kept = _entry(cfg), runs_dir()
+    return entry.exists() or (kept is not None and (kept / entry.name).is_file())
+
+
+def _copy_entry(entry: Path, folder: Path) -> None:
+    """Copy a cache entry's ``.json`` and ``.csv`` into ``folder``, each atomically (a partial
+    copy is never mistaken for a run); the ``.csv`` last, as `results.cached` writes them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for src in (entry.with_suffix(".json"), entry):
+        tmp = folder / f".{src.name}.tmp"
+        shutil.copyfile(src, tmp)
+        tmp.replace(folder / src.name)
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
@@ -73,6 +103,9 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
     code = results.library_code_hash()
     limit = dry_run.limit()
     ckpt = None if limit is not None else checkpoint_path(cfg)
+    entry, kept = _entry(cfg), (runs_dir() if limit is None else None)
+    if kept is not None and not refresh and not entry.exists() and (kept / entry.name).is_file():
+        _copy_entry(kept / entry.name, entry.parent)  # a run trained on another machine
     if ckpt is not None and refresh:
         ckpt.unlink(missing_ok=True)
 
@@ -94,17 +127,19 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
             err.add_note(f"(the run resumed from {ckpt}; delete it to train from the start)")
             raise
 
+    fresh = refresh or not entry.exists()
     out = results.cached("train", cache_key(cfg), compute, refresh=refresh, code=code)
     if ckpt is not None:
         ckpt.unlink(missing_ok=True)  # the entry holds the run now
+    if kept is not None and (fresh or not (kept / entry.name).is_file()):
+        _copy_entry(entry, kept)
     return out
 
 
 def checkpoint_path(cfg: TrainConfig) -> Path:
     """Where `run_cached` keeps ``cfg``'s checkpoint while training it: beside its cache entry,
     under the same key (so a checkpoint of other code or another config is never resumed)."""
-    entry = results.cache_entry("train", cache_key(cfg), code=results.library_code_hash())
-    return entry.with_suffix(".ckpt.pt")
+    return _entry(cfg).with_suffix(".ckpt.pt")
 
 
 # notebook parameter name -> TrainConfig field, for the names the deep-learning notebooks share
