@@ -172,10 +172,41 @@ def test_kept_runs_serve_a_machine_whose_cache_is_empty(tmp_path, monkeypatch):
     assert grid.run_cached(cfg, progress=False).test_acc.tolist() == [53.0]
     assert trained == [3]  # read back, not trained
     assert grid.checkpoint_path(cfg).with_suffix("").with_suffix(".csv").is_file()  # now cached
+    # a kept run that is not whole (a merge conflict, a lost .json) is not trusted: the run is
+    # trained and the kept copy repaired
+    kept = tmp_path / "runs" / name
+    good = kept.read_bytes()
+    for spoil in ("conflict", "no json"):
+        monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / f"cache-{spoil}"))
+        if spoil == "conflict":
+            kept.write_text("<<<<<<< HEAD\n" + good.decode())
+        else:
+            kept.with_suffix(".json").unlink()
+        assert not grid.is_cached(cfg)
+        assert grid.run_cached(cfg, progress=False).test_acc.tolist() == [53.0]
+        assert kept.read_bytes() == good and kept.with_suffix(".json").is_file()
+    assert trained == [3, 3, 3]
     # another configuration is not served by it; without the folder nothing is kept
     assert not grid.is_cached(TrainConfig(n_train=8, seed=4))
     monkeypatch.delenv(grid.RUNS_ENV)
     monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path / "cache-c"))
     assert not grid.is_cached(cfg)
     grid.run_cached(TrainConfig(n_train=8, seed=5), progress=False)
-    assert trained == [3, 5] and len(list((tmp_path / "runs").iterdir())) == 2
+    assert trained == [3, 3, 3, 5] and len(list((tmp_path / "runs").iterdir())) == 2
+
+
+def test_the_kept_runs_folder_is_set_for_converged_mode_alone_and_restored(tmp_path,
+                                                                         monkeypatch):
+    from localsgd.paper.experiments import grid
+
+    monkeypatch.setenv(grid.RUNS_ENV, "before")
+    with pytest.raises(RuntimeError), cli._kept_runs(tmp_path / "runs"):
+        assert grid.runs_dir() == tmp_path / "runs"
+        with cli._kept_runs(None):
+            assert grid.runs_dir() == tmp_path / "runs"  # another mode leaves it as it is
+        raise RuntimeError("a failed estimate")
+    assert os.environ[grid.RUNS_ENV] == "before"
+    monkeypatch.delenv(grid.RUNS_ENV)
+    with cli._kept_runs(tmp_path / "runs"):
+        pass
+    assert grid.runs_dir() is None

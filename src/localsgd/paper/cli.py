@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -349,17 +351,38 @@ def _reproduce(args: argparse.Namespace) -> int:
         # figures/ holds what the mode's parameter files give; a changed parameter goes elsewhere
         raise ValueError("--set changes a notebook's parameters: give --out-dir (e.g. "
                          "build/try) so that figures/ keeps the mode's own results")
+    with _kept_runs(out_dir / "runs" if args.mode == "converged" else None):
+        return _run_and_report(args, h, specs, sets, reference, base_dir, out_dir)
+
+
+@contextlib.contextmanager
+def _kept_runs(folder: Path | None) -> Iterator[None]:
+    """Converged mode keeps finished runs beside its figures (committed) and reads them back
+    where the results cache lacks them (`grid.runs_dir`): a reproduction cut off on one machine
+    goes on on another. The kernels inherit the variable; the old value comes back after."""
+    if folder is None:
+        yield
+        return
+    from localsgd.paper.experiments.grid import RUNS_ENV
+
+    old = os.environ.get(RUNS_ENV)
+    os.environ[RUNS_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(RUNS_ENV, None)
+        else:
+            os.environ[RUNS_ENV] = old
+
+
+def _run_and_report(args: argparse.Namespace, h: Any, specs: list, sets: dict[str, Any],
+                    reference: Path, base_dir: Path, out_dir: Path) -> int:
+    """`localsgd reproduce` once the notebooks and folders are settled: estimate, run, report."""
     probe_s, committed = None, {}
     if reference.is_file():
         committed = json.loads(reference.read_text()).get("notebook_seconds", {})
-    runs_env = None
     if args.mode == "converged":  # the estimate first: hours of CPU
-        from localsgd.paper.experiments import grid
-
-        # finished runs are kept beside the figures (committed), read back where the cache lacks
-        # them: a reproduction cut off on one machine goes on on another (the kernels inherit it)
-        runs_env = grid.RUNS_ENV
-        os.environ[runs_env] = str(out_dir / "runs")
         print(_converged_estimate(args, [s.id for s in specs], sets), flush=True)
     if args.mode == "quick":  # smoke runs take seconds: no estimate
         probe_s = speed.probe()
@@ -367,13 +390,9 @@ def _reproduce(args: argparse.Namespace) -> int:
                              timed=h.TIMED)
         print(est.format() if est else f"no {reference}: no time estimate", flush=True)
     t0 = time.perf_counter()
-    try:
-        results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
-                        cwd=args.notebooks.resolve().parent, kernel=args.kernel, sets=sets,
-                        profiled=args.profile is not None, jobs=args.jobs, expected=committed)
-    finally:
-        if runs_env is not None:
-            os.environ.pop(runs_env, None)
+    results = h.run(specs, args.mode, out_dir=out_dir, build_dir=args.build_dir.resolve(),
+                    cwd=args.notebooks.resolve().parent, kernel=args.kernel, sets=sets,
+                    profiled=args.profile is not None, jobs=args.jobs, expected=committed)
     wall = time.perf_counter() - t0
     print(h.summary_table(results))
     if sets:

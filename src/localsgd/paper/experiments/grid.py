@@ -9,6 +9,7 @@ H = 1…16 curves are Table 1's "local SGD w/o tricks" column) train it once.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from localsgd import data
+from localsgd import data, paths
 from localsgd.paper import dry_run, profile, results, run_progress
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
@@ -77,19 +78,41 @@ def _entry(cfg: TrainConfig) -> Path:
 
 def is_cached(cfg: TrainConfig) -> bool:
     """Whether `run_cached` would serve ``cfg`` without training: from the results cache, or
-    from the kept runs of `runs_dir` (same file name: same parameters and library code)."""
-    entry, kept = _entry(cfg), runs_dir()
-    return entry.exists() or (kept is not None and (kept / entry.name).is_file())
+    from a usable kept run of `runs_dir` (same file name: same parameters and library code)."""
+    entry = _entry(cfg)
+    return entry.exists() or _kept(cfg) is not None
+
+
+def _kept(cfg: TrainConfig) -> Path | None:
+    """``cfg``'s kept run in `runs_dir` if it is whole: its ``.json`` names ``cfg``'s parameters
+    and its ``.csv`` reads as records (a merge conflict or an edit by hand is not trusted)."""
+    folder = runs_dir()
+    if folder is None:
+        return None
+    csv = folder / _entry(cfg).name
+    return csv if _whole(csv, cache_key(cfg)) else None
+
+
+def _whole(csv: Path, key: dict) -> bool:
+    """Whether ``csv`` and its ``.json`` are a whole cache entry of the run ``key`` describes."""
+    try:
+        params = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))["params"]
+        records = pd.read_csv(csv)
+    except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError):
+        return False
+    same = params == json.loads(json.dumps(key, default=results._jsonable))
+    return (same and len(records) > 0 and "test_acc" in records
+            and pd.api.types.is_numeric_dtype(records["test_acc"]))
 
 
 def _copy_entry(entry: Path, folder: Path) -> None:
     """Copy a cache entry's ``.json`` and ``.csv`` into ``folder``, each atomically (a partial
-    copy is never mistaken for a run); the ``.csv`` last, as `results.cached` writes them."""
-    folder.mkdir(parents=True, exist_ok=True)
+    copy is never mistaken for a run, two notebooks copying one run at once do not collide);
+    the ``.csv`` last, as `results.cached` writes them."""
     for src in (entry.with_suffix(".json"), entry):
-        tmp = folder / f".{src.name}.tmp"
-        shutil.copyfile(src, tmp)
-        tmp.replace(folder / src.name)
+        with paths.atomic_path(folder / src.name) as tmp:
+            shutil.copyfile(src, tmp)
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
@@ -103,9 +126,11 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
     code = results.library_code_hash()
     limit = dry_run.limit()
     ckpt = None if limit is not None else checkpoint_path(cfg)
-    entry, kept = _entry(cfg), (runs_dir() if limit is None else None)
-    if kept is not None and not refresh and not entry.exists() and (kept / entry.name).is_file():
-        _copy_entry(kept / entry.name, entry.parent)  # a run trained on another machine
+    entry, keep = _entry(cfg), (runs_dir() if limit is None else None)
+    kept = _kept(cfg) if keep is not None and not refresh else None
+    if kept is not None and not _whole(entry, cache_key(cfg)):
+        _copy_entry(kept, entry.parent)  # a run trained on another machine
+    trained = []
     if ckpt is not None and refresh:
         ckpt.unlink(missing_ok=True)
 
@@ -114,6 +139,7 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
             return train(cfg, progress=progress, limit=limit, on_phases=profile.on_train_phases(),
                          checkpoint_path=ckpt, checkpoint_every=1 if ckpt else 0)
         resumed = ckpt is not None and ckpt.is_file()
+        trained.append(True)
         try:
             return run()
         except Exception as err:
@@ -127,12 +153,11 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
             err.add_note(f"(the run resumed from {ckpt}; delete it to train from the start)")
             raise
 
-    fresh = refresh or not entry.exists()
     out = results.cached("train", cache_key(cfg), compute, refresh=refresh, code=code)
     if ckpt is not None:
         ckpt.unlink(missing_ok=True)  # the entry holds the run now
-    if kept is not None and (fresh or not (kept / entry.name).is_file()):
-        _copy_entry(entry, kept)
+    if keep is not None and (trained or kept is None):  # new, or not kept yet (or not whole)
+        _copy_entry(entry, keep)
     return out
 
 
