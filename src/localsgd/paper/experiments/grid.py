@@ -79,8 +79,7 @@ def _entry(cfg: TrainConfig) -> Path:
 def is_cached(cfg: TrainConfig) -> bool:
     """Whether `run_cached` would serve ``cfg`` without training: from the results cache, or
     from a usable kept run of `runs_dir` (same file name: same parameters and library code)."""
-    entry = _entry(cfg)
-    return entry.exists() or _kept(cfg) is not None
+    return _entry(cfg).exists() or _kept(cfg) is not None
 
 
 def _kept(cfg: TrainConfig) -> Path | None:
