@@ -104,6 +104,9 @@ def test_the_readme_names_the_converged_verdicts_the_figures_give():
     assert speed.startswith("not testable") and "3× speed-up is *not testable* on a CPU" in text
     t6 = converged_outcome("table06_07_momentum", "test top-1")
     assert f'(*{t6}*; "may help a little" read as costing at most 1 point)' in text
+    t1 = converged_outcome("table01_large_batch", "test top-1")
+    assert re.search(rf"in Table 1 \([^)]+\) local SGD beats mini-batch SGD by [^(]+ with them "
+                     rf"\(\*{re.escape(t1)}\*\)", text)
 
 
 def test_no_result_number_is_copied_outside_a_generated_block():
