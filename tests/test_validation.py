@@ -5,7 +5,10 @@ out-of-sample predictions checked against the measured speed-ups."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -85,6 +88,41 @@ def test_grid_interleaves_repeats_and_warms_up_to_every_period():
         tv.launch(entries, 4, "unused", steps=8, compute_ms=1, straggler_seconds=0,
                   straggler_rate=0)
     assert isinstance(tv.Calibration(8, 4, 1.0, 50.0, 0.1, 10.0, 20.0).cluster(), Cluster)
+
+
+def _synthetic_run(path, work):
+    """A run directory `tv.measure` reads: synchronous SGD over ``work`` ([steps, workers]
+    seconds of compute per update, no stalls), each update ending with a 5 ms gradient
+    all-reduce that releases every worker when the slowest arrives."""
+    steps, workers = work.shape
+    rows, t = [], 0.0
+    for step in range(1, steps + 1):
+        arrive = t + work[step - 1]
+        end = arrive.max() + 0.005
+        rows += [{"step": step, "rank": r, "start": t, "end": end, "compute_s": work[step - 1, r],
+                  "stall_s": 0.0, "grad_level": 0, "avg_level": np.nan, "comm_grad_s": 0.005,
+                  "comm_avg_s": 0.0} for r in range(workers)]
+        t = end
+    path.mkdir()
+    pd.DataFrame(rows).to_csv(path / "timing.csv", index=False)
+    (path / "summary.json").write_text(json.dumps({"group_l0": workers}))
+    return path
+
+
+def test_jitter_is_the_spread_among_workers_not_a_pause_of_the_whole_machine(tmp_path):
+    even = np.full((12, 4), 0.030)
+    paused = even.copy()
+    paused[5] = 0.090  # every worker slowed alike (the machine paused): nobody waits for anyone
+    straggler = even.copy()
+    straggler[5, 2] = 0.090  # one worker slow: the other three wait at the all-reduce
+    m = {name: tv.measure(_synthetic_run(tmp_path / name, w), 1)  # window: steps 2-12
+         for name, w in (("even", even), ("paused", paused), ("straggler", straggler))}
+    assert m["even"]["work_cv"] == pytest.approx(0.0, abs=1e-9)
+    assert m["paused"]["work_ms"] == pytest.approx(1e3 * paused[1:].mean())  # in the mean ...
+    assert m["paused"]["work_cv"] == pytest.approx(0.0, abs=1e-9)  # ... not in the jitter
+    assert m["straggler"]["work_ms"] == pytest.approx(1e3 * straggler[1:].mean())
+    assert m["straggler"]["work_cv"] > 0.2
+    assert m["paused"]["seconds"] == pytest.approx(m["straggler"]["seconds"])
 
 
 def test_timing_mlp_moves_resnet20s_bytes_in_four_tensors():
