@@ -538,6 +538,8 @@ NOT_RESULTS: dict[tuple[str, str], str] = {
     ("papers/lin2020_local_sgd/notes.md", "1.31"): _STUDY + " (f evaluated every round)",
     ("papers/lin2020_local_sgd/notes.md", "1.24"): _STUDY + " (communication-free time)",
     ("papers/lin2020_local_sgd/notes.md", "2.04"): _STUDY + " (iterations + 25 per round)",
+    ("papers/lin2020_local_sgd/notes.md", "3.16"): _STUDY + " (f evaluated every round)",
+    ("papers/lin2020_local_sgd/notes.md", "3.30"): _STUDY + " (t counted in samples)",
     ("docs/systems.md", "3.75"): "a fit to the source's Table 2 (deterministic, no run)",
     ("docs/systems.md", "24.8"): "a fit to the source's Table 2 (deterministic, no run)",
     ("docs/notebooks.md", "13.5"): "how long `make test` took (minutes), not a figure's result",

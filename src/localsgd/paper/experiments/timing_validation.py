@@ -2,11 +2,12 @@
 
 `localsgd.timing.simulate.simulate` predicts the wall-clock time of synchronous, local and
 hierarchical SGD with stragglers. Here the same configurations run for real:
-``python -m localsgd.runner`` with ``--sweep`` trains a grid of them one after another inside one torchrun launch (one torch
-start-up per world size), gloo on this machine's loopback, compute emulated by a sleep
-(``--compute-ms``) and stragglers emulated as in the PyTorch hierarchical-SGD blog ("Experimental
-Setup": every step each worker stalls for S seconds with probability p; here seeded by
-(seed, rank, step), so every configuration of a launch meets the *same* stalls).
+``python -m localsgd.runner`` with ``--sweep`` trains a grid of them one after another inside
+one torchrun launch (one torch start-up per world size), gloo on this machine's loopback,
+compute emulated by a sleep (``--compute-ms``) and stragglers emulated as in the PyTorch
+hierarchical-SGD blog ("Experimental Setup": every step each worker stalls for S seconds with
+probability p; here seeded by (seed, rank, step), so every configuration of a launch meets the
+*same* stalls).
 
 What is fitted and what is predicted (stated in `Calibration` and in every result row), per
 kind of synchronisation the runner performs, each on one straggler-free run per world size:
@@ -14,10 +15,10 @@ kind of synchronisation the runner performs, each on one straggler-free run per 
 * **model averaging** (``calib``: blocks of ``procs_per_node`` average every step, the world
   every 2 steps): the mean per-step work of a worker and its coefficient of variation among
   the workers of a step (the model's ``compute_ms`` and ``jitter``; the spread of a
-  collective's finish across its members counts as jitter), and the mean cost of one model average inside a node and across the world,
-  expressed as the model's intra- and inter-node bandwidths with latency 0 (one group size per
-  level cannot separate latency from bandwidth; ``Cluster.allreduce_seconds`` then returns
-  exactly the measured cost);
+  collective's finish across its members counts as jitter), and the mean cost of one model
+  average inside a node and across the world, expressed as the model's intra- and inter-node
+  bandwidths with latency 0 (one group size per level cannot separate latency from bandwidth;
+  ``Cluster.allreduce_seconds`` then returns exactly the measured cost);
 * **DDP's gradient all-reduce** (``calib_sync``: synchronous SGD): the same work statistics and
   the cost of one bucketed gradient all-reduce of the world (here 5-10 % dearer than a flat
   model average of the same bytes, with less host work per update around it: pricing the
@@ -70,7 +71,7 @@ from localsgd.timing.stragglers import Stragglers, stall_draws
 from localsgd.train import TrainConfig
 
 __all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "check_worker_counts",
-           "grid", "launch", "measure", "median_table", "predict", "predict_random",
+           "grid", "launch", "measure", "median_table", "own_work", "predict", "predict_random",
            "queue_verdict", "run_queue_test", "speedup_verdict", "tested_runs", "validate",
            "validation_claims"]
 
@@ -181,11 +182,10 @@ def measure(run_dir: Path, warm: int) -> dict:
     """The measured window of one run: ``seconds`` (slowest end of the last step minus slowest
     end of step ``warm``), ``steps``, ``stalls`` ([steps, workers] recorded stall seconds), and
     per-worker-step ``work_ms`` / ``work_cv`` (compute without the stall, plus the training
-    loop's own time between two updates; the cv is of a worker's work around its step's mean,
-    and also counts how much later or earlier than its group's mean a worker's collective
-    finished) and the mean cost of one collective per (kind,
-    group size), from the last member's arrival to a member's return:
-    ``comm_ms`` {"avg_4": ..., "avg_16": ..., "grad_16": ...}."""
+    loop's own time between two updates; the cv is of `own_work`, a worker's work around its
+    step's mean, and also counts how much later or earlier than its group's mean a worker's
+    collective finished) and the mean cost of one collective per (kind, group size), from the
+    last member's arrival to a member's return: ``comm_ms`` {"avg_4": ..., "grad_16": ...}."""
     df = _timing(run_dir)
     last = int(df.step.max())
     if last <= warm:
@@ -206,14 +206,22 @@ def measure(run_dir: Path, warm: int) -> dict:
             group = part["rank"] // sizes[int(level)]
             spread[part.index] += cost - cost.groupby([part.step, group]).transform("mean")
     stalls = win.pivot(index="step", columns="rank", values="stall_s").to_numpy()
-    # jitter is the spread among workers within a step: a pause of the whole machine slows every
-    # worker alike, makes none wait for another, and so belongs in the mean alone (as iid
-    # per-worker jitter it priced waits that never happened: +26 % on a 12-update window)
-    own = work - work.groupby(win.step).transform("mean")
     return {"seconds": float(ends[last] - ends[warm]), "steps": last - warm,
             "workers": int(df["rank"].nunique()), "stalls": stalls,
             "work_ms": 1e3 * float(work.mean()),
-            "work_cv": float((own + spread).std() / work.mean()), "comm_ms": comm}
+            "work_cv": float((own_work(work, win.step) + spread).std() / work.mean()),
+            "comm_ms": comm}
+
+
+def own_work(work: pd.Series, step: pd.Series) -> pd.Series:
+    """Each worker's work minus the mean of its step's workers, scaled by sqrt(K / (K - 1)) so
+    that its spread estimates the model's per-worker jitter (a draw minus the mean of K iid
+    draws has (K - 1) / K of their variance). A pause of the whole machine slows every worker
+    alike and makes none wait for another: it belongs in the mean alone (counted as jitter, one
+    such pause had the model price waits that never happened, +26 % on a 12-update run)."""
+    by_step = work.groupby(step)
+    k = by_step.transform("size")
+    return (work - by_step.transform("mean")) * np.sqrt(k / (k - 1).where(k > 1, 1))
 
 
 def _group_sizes(run_dir: Path) -> list[int]:
@@ -518,9 +526,10 @@ def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0
                      model_mb: float = QUEUE_MODEL_MB, schemes=QUEUE_SCHEMES) -> pd.DataFrame:
     """Measured beside predicted for `QUEUE_SCHEMES`: one row per (scheme, Q) with measured and
     predicted seconds and speed-ups over ``sync`` (Q = 1). Fitted on the straggler-free
-    ``calib`` run (local SGD H = 1, Q = 1): mean compute op and median all-reduce op; the model
-    is `simulate` with ``queue_steps`` = Q for the averaging scheme, 1 for the baseline, the same
-    stall draws (``runner_stalls``), nothing overlapped (``grad_overlap=0``)."""
+    ``calib`` run (local SGD H = 1, Q = 1): mean compute op and its spread among the workers
+    of a step (`own_work`), median all-reduce op; the model is `simulate` with ``queue_steps``
+    = Q for the averaging scheme, 1 for the baseline, the same stall draws (``runner_stalls``),
+    nothing overlapped (``grad_overlap=0``)."""
     t0 = time.perf_counter()
     res = spawn(_queue_worker, workers, list(schemes), steps, compute_ms, stall_s, rate, seed,
                 model_mb, timeout=600)
@@ -528,8 +537,10 @@ def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0
     rows = [r for per_rank in res for r in per_rank]
     df = pd.DataFrame(rows)
     calib = df[df.scheme == "calib"]
-    compute = float(np.mean([x for xs in calib.compute_s for x in xs]))
-    cv = float(np.std([x for xs in calib.compute_s for x in xs]) / compute)
+    ops = pd.DataFrame([(step, x) for xs in calib.compute_s for step, x in enumerate(xs)],
+                       columns=["step", "compute_s"])  # a rank's compute ops, in step order
+    compute = float(ops.compute_s.mean())
+    cv = float(np.std(own_work(ops.compute_s, ops.step)) / compute)
     comm = float(np.median([x for xs in calib.comm_s for x in xs]))
     cal = Calibration(workers=workers, gpus_per_node=1, model_mb=model_mb,
                       compute_ms=1e3 * compute, jitter=cv, intra_ms=1e3 * comm,
