@@ -14,18 +14,7 @@ import localsgd
 
 SRC = Path(localsgd.__file__).resolve().parent
 # (importing module, imported module, name): the exceptions, each with its reason
-PRIVATE_ALLOWED = {
-    # the DDP comm hook must average exactly as the averagers do (AVG op, fp16-safe);
-    # averaging.py belongs to the algorithm core, where the helper should become public
-    ("localsgd.engines.ddp", "localsgd.averaging", "_all_reduce_mean"),
-    # helpers that modules split in a pure move still share: a public name would change the
-    # library's definition hash (localsgd.paper.results.library_code_hash), which keys the
-    # results cache's training runs
-    ("localsgd.engines.replicas", "localsgd.engines.replica_base", "_Engine"),
-    ("localsgd.engines.batched", "localsgd.engines.replica_base", "_Engine"),
-    ("localsgd.engines.batched", "localsgd.engines.replica_stack", "_stack_into_flat"),
-    ("localsgd.schedule", "localsgd.topology", "_check_int"),
-}
+PRIVATE_ALLOWED: set[tuple[str, str, str]] = set()  # none today
 # packages whose modules share their private helpers (the package, not the module, is the unit
 # of privacy): localsgd.data was one module, split by idea; its __init__ re-exports the helpers
 # the tests reach (data._find_cifar)

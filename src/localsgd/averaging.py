@@ -23,7 +23,7 @@ What differs from ``torch.distributed.algorithms.model_averaging.utils.average_p
 
 The flat buffers, process groups and tensor sets live in `localsgd.collectives` (their names
 are importable from here too); this module holds what averages through them: the averagers and
-`DistributedCommunicator`, which share the one all-reduce to the mean (``_all_reduce_mean``).
+`DistributedCommunicator`, which share the one all-reduce to the mean (`all_reduce_mean`).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ __all__ = [
     "PeriodicAverager",
     "TensorSet",
     "TorchHierarchy",
+    "all_reduce_mean",
     "average_parameters",
     "build_groups",
     "check_same_tensors",
@@ -84,7 +85,7 @@ def _params_of(params) -> list[torch.Tensor]:
     return out
 
 
-def _all_reduce_mean(buf: torch.Tensor, size: int, group) -> dist.Work:
+def all_reduce_mean(buf: torch.Tensor, size: int, group) -> dist.Work:
     """Start an in-place all-reduce that leaves the mean of ``buf`` over ``group``.
 
     ReduceOp.AVG costs the same as SUM on gloo and NCCL, saving the separate division pass
@@ -134,7 +135,7 @@ class FlatAverager(ModelAverager):
         state = optimizer_state_tensors(self.optimizer, self.state_keys)
         jobs = [(self._main.prepare(tensors), tensors), (self._state.prepare(state), state)]
         size = dist.get_world_size(group)
-        works = [_all_reduce_mean(buf, size, group)
+        works = [all_reduce_mean(buf, size, group)
                  for fb, _ in jobs if fb is not None for buf in fb.flats]
         for w in works:
             w.wait()
@@ -329,16 +330,16 @@ class DistributedCommunicator:
         if self.average_momentum:
             state = optimizer_state_tensors(self.optimizer)
             jobs.append((self._state.prepare(state), state))
-        works = [_all_reduce_mean(b, size, group) for fb, _ in jobs if fb is not None
+        works = [all_reduce_mean(b, size, group) for fb, _ in jobs if fb is not None
                  for b in fb.flats]
         # Every rank takes the same branch (gossip rounds are collective), whatever its weight.
         if not self._gossiped:
-            works.append(_all_reduce_mean(flat, size, group))
+            works.append(all_reduce_mean(flat, size, group))
         else:
             # Push-sum: z = mean(x) / mean(w) with x = z * w (the replica engine's rule).
             flat.mul_(self.ps_weight)
             w = torch.tensor([self.ps_weight], dtype=flat.dtype, device=flat.device)
-            works += [_all_reduce_mean(flat, size, group), _all_reduce_mean(w, size, group)]
+            works += [all_reduce_mean(flat, size, group), all_reduce_mean(w, size, group)]
         for work in works:
             work.wait()
         if self._gossiped:
@@ -358,7 +359,7 @@ class DistributedCommunicator:
         fb = self._grads.prepare(grads)
         if fb is None:
             return
-        works = [_all_reduce_mean(b, size, self.groups[level]) for b in fb.flats]
+        works = [all_reduce_mean(b, size, self.groups[level]) for b in fb.flats]
         for work in works:
             work.wait()
         fb.scatter(grads)

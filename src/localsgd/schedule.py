@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
-from localsgd.topology import Level, Topology, _check_int
+from localsgd.topology import Level, Topology, check_int
 
 __all__ = [
     "Action",
@@ -129,29 +129,29 @@ class SyncSchedule:
             raise ValueError(  # noqa: TRY004 - the project reports bad arguments as ValueError
                 f"topology must be a Topology, got {type(self.topology).__name__}"
             )
-        _check_int("warmup_steps", self.warmup_steps, 0)
-        _check_int("local_step_warmup_epochs", self.local_step_warmup_epochs, 0)
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_int("local_step_warmup_epochs", self.local_step_warmup_epochs, 0)
         if self.local_step_warmup_epochs and self.steps_per_epoch is None:
             raise ValueError(
                 f"local_step_warmup_epochs={self.local_step_warmup_epochs} needs steps_per_epoch "
                 "(an integer >= 1): the local-step warm-up doubles H once per epoch"
             )
         if self.steps_per_epoch is not None:
-            _check_int("steps_per_epoch", self.steps_per_epoch, 1)
+            check_int("steps_per_epoch", self.steps_per_epoch, 1)
         if self.warmup_mode not in ("gradients", "models"):
             raise ValueError(
                 f"warmup_mode must be 'gradients' or 'models', got {self.warmup_mode!r}"
             )
         g = self.post_local_gradient_allreduce
         if not isinstance(g, bool):
-            _check_int("post_local_gradient_allreduce (a level index or bool)", g, 0)
+            check_int("post_local_gradient_allreduce (a level index or bool)", g, 0)
             if g >= self.topology.num_levels:
                 raise ValueError(
                     f"post_local_gradient_allreduce level {g} does not exist; valid levels are "
                     f"0..{self.topology.num_levels - 1}"
                 )
         if self.outer_period is not None and self.outer_period != "global":
-            _check_int("outer_period (an int >= 1, 'global' or None)", self.outer_period, 1)
+            check_int("outer_period (an int >= 1, 'global' or None)", self.outer_period, 1)
         if self.torch_compat not in (False, True, "periodic", "hierarchical"):
             raise ValueError(
                 f"torch_compat must be False, True, 'periodic' or 'hierarchical', "
@@ -211,7 +211,7 @@ class SyncSchedule:
 
     def action(self, t: int) -> Action:
         """What happens around local update t (t = 1, 2, ...)."""
-        _check_int("step t", t, 1)
+        check_int("step t", t, 1)
         top = self.topology.top
         w = self.warmup_steps
         if self.torch_compat:

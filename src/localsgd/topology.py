@@ -1,7 +1,5 @@
 """Who averages with whom: `Topology`, nested groups of contiguous ranks with their averaging
-periods (one `Level` each). Its integer check ``_check_int`` is `localsgd.schedule`'s too
-(imported there under its private name, listed in tests/test_imports.py: renaming it would
-change the library's definition hash, `localsgd.paper.results.library_code_hash`).
+periods (one `Level` each), and the integer check `check_int` that `localsgd.schedule` shares.
 
 Pure Python (no torch, no torch.distributed), like the schedule built on it
 (`localsgd.schedule`, which re-exports both classes).
@@ -15,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-__all__ = ["Level", "Topology"]
+__all__ = ["Level", "Topology", "check_int"]
 
 
 class Level(NamedTuple):
@@ -27,7 +25,7 @@ class Level(NamedTuple):
     name: str | None = None
 
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+def check_int(name: str, value: Any, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")  # noqa: TRY004
     if value < minimum:
@@ -50,13 +48,13 @@ class Topology:
     """
 
     def __init__(self, levels: Iterable[Level | tuple], world_size: int):
-        self.world_size = _check_int("world_size", world_size, 1)
+        self.world_size = check_int("world_size", world_size, 1)
         lv = [Level(*level) for level in levels]
         if not lv:
             raise ValueError("a topology needs at least one level; got an empty list of levels")
         for i, level in enumerate(lv):
-            _check_int(f"period of level {i}", level.period, 1)
-            _check_int(f"group size of level {i}", level.group_size, 1)
+            check_int(f"period of level {i}", level.period, 1)
+            check_int(f"group size of level {i}", level.group_size, 1)
         for i, level in enumerate(lv):
             if self.world_size % level.group_size:
                 divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
@@ -112,11 +110,11 @@ class Topology:
         highest one runs, so blocks never average on their own. The paper writes plain local
         SGD on a cluster of blocks this way ("H^b = 1" in Table 2 and Table 3's last column).
         """
-        _check_int("world_size (K)", world_size, 1)
-        _check_int("local_steps (H)", local_steps, 1)
-        _check_int("block_steps (H^b)", block_steps, 1)
+        check_int("world_size (K)", world_size, 1)
+        check_int("local_steps (H)", local_steps, 1)
+        check_int("block_steps (H^b)", block_steps, 1)
         if block_size is not None:
-            _check_int("block_size (K')", block_size, 1)
+            check_int("block_size (K')", block_size, 1)
             if block_size > world_size or world_size % block_size:
                 divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
                 raise ValueError(

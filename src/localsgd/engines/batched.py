@@ -26,8 +26,8 @@ from localsgd.engines.common import (
 )
 from localsgd.engines.packed import logits as packed_logits
 from localsgd.engines.packed import supports as packable
-from localsgd.engines.replica_base import LossFn, _Engine
-from localsgd.engines.replica_stack import ReplicaCommunicator, _stack_into_flat
+from localsgd.engines.replica_base import LossFn, ReplicaEngineBase
+from localsgd.engines.replica_stack import ReplicaCommunicator, stack_into_flat
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import Action, SyncDriver, SyncSchedule
 
@@ -58,7 +58,7 @@ def _reject_dropout(model: nn.Module) -> None:
             )
 
 
-class BatchedReplicaEngine(_Engine):
+class BatchedReplicaEngine(ReplicaEngineBase):
     """`ReplicaEngine` with all K replicas in one vmapped forward/backward.
 
     Same constructor and surface as `ReplicaEngine` (``step``, ``t``, ``world_size``,
@@ -139,7 +139,7 @@ class BatchedReplicaEngine(_Engine):
             raise ValueError(f"all parameters must share one dtype for the flat stack: {dtypes}")
         # the replicas start identical (Algorithm 1, line 1): K references to one model suffice
         params, buffers = stack_module_state([self._template] * k)
-        flat, views = _stack_into_flat([params[n].detach() for n in trainable])
+        flat, views = stack_into_flat([params[n].detach() for n in trainable])
         stacked = dict(zip(trainable, views, strict=True))
         self.params: dict[str, nn.Parameter] = {
             n: nn.Parameter(stacked[n]) if n in stacked

@@ -43,9 +43,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-# _all_reduce_mean: averaging.py's one all-reduce-to-mean (AVG op, fp16-safe); the comm hook
-# must average exactly as the averagers do. Listed in tests/test_imports.py until made public.
-from localsgd.averaging import DistributedCommunicator, _all_reduce_mean, float_buffers
+# all_reduce_mean: averaging.py's one all-reduce-to-mean (AVG op, fp16-safe); the comm hook
+# must average exactly as the averagers do.
+from localsgd.averaging import DistributedCommunicator, all_reduce_mean, float_buffers
 from localsgd.engines.common import (
     Batch,
     Deferred,
@@ -105,7 +105,7 @@ def schedule_grad_hook(state, bucket):  # no annotations: DDP compares them with
         fut.set_result(buf)
         return fut
     state.bytes += buf.numel() * buf.element_size()
-    work = _all_reduce_mean(buf, state.sizes[state.level], state.groups[state.level])
+    work = all_reduce_mean(buf, state.sizes[state.level], state.groups[state.level])
     return work.get_future().then(lambda f: f.value()[0])
 
 
@@ -348,7 +348,7 @@ class DDPEngine(ScheduledWorkers):
             by_dtype.setdefault(tensor.dtype, []).append(tensor)
         for group in by_dtype.values():  # same order on every rank: dtypes appear identically
             flat = torch.cat([t.reshape(-1) for t in group])
-            _all_reduce_mean(flat, dist.get_world_size(), None).wait()
+            all_reduce_mean(flat, dist.get_world_size(), None).wait()
             offset = 0
             for tensor in group:
                 tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))

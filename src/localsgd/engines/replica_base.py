@@ -1,10 +1,6 @@
-"""What both replica engines (`localsgd.engines.replicas`) share: their base class ``_Engine``
-(on top of `localsgd.engines.common.ScheduledWorkers`: worker streams, learning-rate schedule,
-batch checks) and the `LossFn` type.
-
-``_Engine`` keeps its private name, imported by `localsgd.engines.replicas` and
-`localsgd.engines.batched` (tests/test_imports.py lists both): renaming it would change the
-library's definition hash (`localsgd.paper.results.library_code_hash`) that keys cached runs."""
+"""What both replica engines (`localsgd.engines.replicas`) share: their base class
+`ReplicaEngineBase` (on top of `localsgd.engines.common.ScheduledWorkers`: worker streams,
+learning-rate schedule, batch checks) and the `LossFn` type."""
 
 from __future__ import annotations
 
@@ -17,12 +13,12 @@ from localsgd.engines.common import Batch, ScheduledWorkers, worker_generator
 from localsgd.engines.replica_stack import ReplicaCommunicator
 from localsgd.schedule import SyncDriver, SyncSchedule
 
-__all__ = ["LossFn"]
+__all__ = ["LossFn", "ReplicaEngineBase"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-class _Engine(ScheduledWorkers):
+class ReplicaEngineBase(ScheduledWorkers):
     """What both replica engines share: schedule/driver bookkeeping, lr schedule, resume state."""
 
     driver: SyncDriver

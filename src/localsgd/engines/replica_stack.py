@@ -19,7 +19,7 @@ from torch import nn
 from localsgd import gossip as gossip_mod
 from localsgd.schedule import Topology
 
-__all__ = ["FLAT_ALIGN", "ReplicaCommunicator", "aligned_offsets"]
+__all__ = ["FLAT_ALIGN", "ReplicaCommunicator", "aligned_offsets", "stack_into_flat"]
 
 
 def _group_mean_(stack: torch.Tensor, group_size: int) -> None:
@@ -65,7 +65,7 @@ def aligned_offsets(numels: Sequence[int]) -> tuple[list[int], int]:
     return offsets, end
 
 
-def _stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def stack_into_flat(stacks: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Copy [K, *shape_j] tensors into one zero-padded [K, n] buffer; return it and the
     [K, *shape_j] views ``flat[:, off_j:off_j + numel_j].view(K, *shape_j)`` that alias it.
     Every row and every ``off_j`` starts on a multiple of `FLAT_ALIGN` (`aligned_offsets`)."""
@@ -128,7 +128,7 @@ class ReplicaCommunicator:
         if len(dtypes) != 1:
             raise ValueError(f"all parameters must share one dtype for the flat stack: {dtypes}")
         k = len(self.models)
-        flat, columns = _stack_into_flat([torch.stack([ps[j].detach() for ps in self.params])
+        flat, columns = stack_into_flat([torch.stack([ps[j].detach() for ps in self.params])
                                           for j in range(len(first))])
         aliases = []
         for r, ps in enumerate(self.params):

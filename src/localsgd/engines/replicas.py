@@ -49,7 +49,7 @@ from localsgd.engines.common import (
     host_map,
     read_step,
 )
-from localsgd.engines.replica_base import LossFn, _Engine
+from localsgd.engines.replica_base import LossFn, ReplicaEngineBase
 from localsgd.engines.replica_stack import FLAT_ALIGN, ReplicaCommunicator, aligned_offsets
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import Action, SyncDriver, SyncSchedule
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-class ReplicaEngine(_Engine):
+class ReplicaEngine(ReplicaEngineBase):
     """K replicas trained with local / hierarchical local SGD (+ outer update, gossip), run one
     after the other.
 

@@ -166,9 +166,9 @@ def device_info() -> dict[str, Any]:
 def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | None = None,
                wall_seconds: float | None = None, **extra: Any) -> dict[str, Any]:
     """The sidecar record: everything needed to say how a result was made. ``git`` is the checkout
-    when the record is written, which may be later than cached training runs it reads; those are
-    keyed by ``library_hash`` (`library_code_hash`), the library definitions they were trained
-    with."""
+    when the record is written, which may be later than the cached training runs it reads; each
+    of those names its own code in its ``.json`` (`localsgd.paper.experiments.grid.run_provenance`)
+    and is keyed by its meaning (`localsgd.results_key`)."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not one of {SCALES}")
     return {
@@ -259,8 +259,9 @@ def code_hash(package: Path | None = None, *, skip: tuple[str, ...] = ()) -> str
 @functools.cache
 def library_code_hash(package: Path | None = None) -> str:
     """Hash of the library wing's definitions (the package less ``localsgd.paper``): what a
-    `localsgd.train.train` run's records depend on. Training runs are keyed by it, so that a
-    change to a plot, a claim or the harness does not throw away hours of converged runs.
+    `localsgd.train.train` run's records depend on. Every figure and kept training run records
+    it (provenance; training runs are keyed by `localsgd.results_key` instead, which a code
+    edit leaves alone), and the convex grids' key starts from it (`experiment_code_hash`).
 
     It hashes the sorted set of top-level definitions and statements of every module as
     `ast.dump` gives them, without docstrings, imports and ``__all__``: a change to any
@@ -324,29 +325,37 @@ def params_hash(params: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def keyed_entry(name: str, key: dict[str, Any],
+                cache_dir: str | os.PathLike | None = None) -> Path:
+    """``<cache_dir>/<name>-<hash of key>.csv`` (default folder: the results cache)."""
+    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir() / "results"
+    return folder / f"{name}-{params_hash(key)}.csv"
+
+
 def cache_entry(name: str, params: dict[str, Any], *, code: str | None = None,
                 cache_dir: str | os.PathLike | None = None) -> Path:
     """The cache file `cached` reads and writes for ``name`` and ``params`` under the code
     hash ``code`` (default: the whole package's, `code_hash`)."""
-    folder = Path(cache_dir) if cache_dir is not None else paths.cache_dir() / "results"
     code = code_hash() if code is None else code
-    return folder / f"{name}-{params_hash({**params, '__code__': code})}.csv"
+    return keyed_entry(name, {**params, "__code__": code}, cache_dir)
 
 
 def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame], *,
            refresh: bool = False, code: str | None = None,
-           cache_dir: str | os.PathLike | None = None) -> pd.DataFrame:
+           cache_dir: str | os.PathLike | None = None, entry: Path | None = None,
+           meta: dict[str, Any] | None = None) -> pd.DataFrame:
     """Return ``compute()``'s DataFrame, reusing a stored copy for identical ``params``.
 
-    The entry is `cache_entry`: ``<cache_dir>/<name>-<hash of params and of the code>.csv``
-    with a ``.json`` of the parameters beside it. The code hash ``code`` defaults to the whole
-    package's (any change to it may change results; training runs pass `library_code_hash`).
-    Both files are written atomically, so an interrupted run never leaves a corrupt entry. A
-    corrupt entry found anyway (e.g. edited by hand) is recomputed, not trusted.
+    The entry is ``entry`` or else `cache_entry`: ``<cache_dir>/<name>-<hash of params and of
+    the code>.csv`` with a ``.json`` of the parameters (and ``meta``) beside it. The code hash
+    ``code`` defaults to the whole package's (any change to it may change results; training runs
+    pass their own ``entry``, keyed by meaning: `localsgd.results_key`). Both files are written
+    atomically, so an interrupted run never leaves a corrupt entry. A corrupt entry found anyway
+    (e.g. edited by hand) is recomputed, not trusted.
     """
     if dry_run.updates() is not None:  # a dry run's numbers are not results: never cached
         return compute()
-    entry = cache_entry(name, params, code=code, cache_dir=cache_dir)
+    entry = cache_entry(name, params, code=code, cache_dir=cache_dir) if entry is None else entry
     if entry.exists() and not refresh:
         try:
             return pd.read_csv(entry)
@@ -356,6 +365,6 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"cached({name!r}): compute() returned {type(df).__name__}, "
                         "expected a pandas DataFrame")
-    write_json({"name": name, "params": params}, entry.with_suffix(".json"))
+    write_json({"name": name, "params": params, **(meta or {})}, entry.with_suffix(".json"))
     write_csv(df, entry)
     return df

@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 
 from localsgd import data, paths
 from localsgd.paper import dry_run, profile, results, run_progress
+from localsgd.results_key import RESULTS_VERSION, results_key, same_run
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
 
@@ -30,7 +32,6 @@ __all__ = [
     "WORK_KEYS",
     "app_c_tricks",
     "base_config",
-    "cache_key",
     "checkpoint_path",
     "dataset_available",
     "final_table",
@@ -38,27 +39,12 @@ __all__ = [
     "pool_compute",
     "run_cached",
     "run_grid",
+    "run_provenance",
     "runs_dir",
     "speedup_table",
     "time_to_accuracy",
     "with_time",
 ]
-
-# Fields that change how a run is computed but not its result, or only its speed.
-_NOT_IN_CACHE_KEY = ("eval_batch", "loader_workers", "host_threads")
-# Fields added after results were cached: left out of the key at their default, so old runs hit.
-_KEY_ONLY_IF_SET = {"block_gradient_allreduce": False, "slowmo_frequency": None,
-                    "slowmo_momentum": 0.5, "slowmo_lr": 1.0, "gossip": False,
-                    "peers_per_step": 1, "image_size": 224, "precision": "auto",
-                    "deterministic": False, "records_per_epoch": 1}
-
-
-def cache_key(cfg: TrainConfig) -> dict:
-    """The parameters a training run is cached under: ``cfg`` less the fields that do not
-    change its records (`_NOT_IN_CACHE_KEY`) and the late fields at their defaults."""
-    return {k: v for k, v in cfg.to_dict().items() if k not in _NOT_IN_CACHE_KEY
-            and not (k in _KEY_ONLY_IF_SET and v == _KEY_ONLY_IF_SET[k])}
-
 
 # Set by `localsgd reproduce --mode converged` to <out-dir>/converged/runs (figures/converged/runs/
 # by default): finished runs are kept there too, so that the hours they took travel with the
@@ -73,36 +59,70 @@ def runs_dir() -> Path | None:
 
 
 def _entry(cfg: TrainConfig) -> Path:
-    return results.cache_entry("train", cache_key(cfg), code=results.library_code_hash())
+    """``cfg``'s results-cache entry, named by its meaning (`localsgd.results_key`)."""
+    return results.keyed_entry("train", results_key(cfg))
+
+
+def run_provenance(cfg: TrainConfig) -> dict:
+    """What a cached or kept run's ``.json`` holds: the whole configuration, the results
+    version it was computed under and the code that computed it (`results.library_code_hash`,
+    the commit): `same_run` and `RESULTS_VERSION` decide whether it serves a run; the code
+    only warns (`_whole`)."""
+    return {"name": "train", "params": cfg.to_dict(), "results_version": RESULTS_VERSION,
+            "library_hash": results.library_code_hash(), "git": results.git_state()}
 
 
 def is_cached(cfg: TrainConfig) -> bool:
     """Whether `run_cached` would serve ``cfg`` without training: from the results cache, or
-    from a usable kept run of `runs_dir` (same file name: same parameters and library code)."""
-    return _entry(cfg).exists() or _kept(cfg) is not None
+    from a usable kept run of `runs_dir` (same key, and its stored parameters are ``cfg``'s)."""
+    return _whole(_entry(cfg), cfg, quiet=True) or _kept(cfg, quiet=True) is not None
 
 
-def _kept(cfg: TrainConfig) -> Path | None:
-    """``cfg``'s kept run in `runs_dir` if it is whole: its ``.json`` names ``cfg``'s parameters
-    and its ``.csv`` reads as records (a merge conflict or an edit by hand is not trusted)."""
+def _kept(cfg: TrainConfig, *, quiet: bool = False) -> Path | None:
+    """``cfg``'s kept run in `runs_dir` if it is whole and ``cfg``'s (`_whole`)."""
     folder = runs_dir()
     if folder is None:
         return None
     csv = folder / _entry(cfg).name
-    return csv if _whole(csv, cache_key(cfg)) else None
+    return csv if _whole(csv, cfg, quiet=quiet) else None
 
 
-def _whole(csv: Path, key: dict) -> bool:
-    """Whether ``csv`` and its ``.json`` are a whole cache entry of the run ``key`` describes."""
-    try:
-        params = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))["params"]
-        records = pd.read_csv(csv)
-    except (OSError, ValueError, KeyError, TypeError, pd.errors.ParserError,
-            pd.errors.EmptyDataError):
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _whole(csv: Path, cfg: TrainConfig, *, quiet: bool = False) -> bool:
+    """Whether ``csv`` and its ``.json`` are a whole entry of the run ``cfg`` describes: the
+    ``.json`` is of this `RESULTS_VERSION` and its parameters are ``cfg``'s (`same_run`), the
+    ``.csv`` reads as records (a merge conflict or an edit by hand is not trusted). A file of
+    the right name that fails says why in one line (unless ``quiet``); one computed by other
+    library code serves, with a one-line warning per code."""
+    if not csv.is_file():
         return False
-    same = params == json.loads(json.dumps(key, default=results._jsonable))
-    return (same and len(records) > 0 and "test_acc" in records
-            and pd.api.types.is_numeric_dtype(records["test_acc"]))
+    try:
+        meta = json.loads(csv.with_suffix(".json").read_text(encoding="utf-8"))
+        records = pd.read_csv(csv)
+        usable = len(records) > 0 and "test_acc" in records and \
+            pd.api.types.is_numeric_dtype(records["test_acc"])
+        version, params = meta.get("results_version"), meta["params"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, pd.errors.ParserError,
+            pd.errors.EmptyDataError):
+        usable, version, params = False, None, None
+    why = ("its records or .json do not read as a run" if not usable
+           else f"it is of results version {version}, this is {RESULTS_VERSION}"
+           if version != RESULTS_VERSION
+           else "its .json names other parameters" if not same_run(params, cfg) else None)
+    if why is not None:
+        if not quiet:
+            print(f"{csv}: not used ({why}); training the run", flush=True)
+        return False
+    code = meta.get("library_hash")
+    if code != results.library_code_hash() and (str(csv.parent), str(code)) not in _WARNED:
+        _WARNED.add((str(csv.parent), str(code)))
+        warnings.warn(f"runs in {csv.parent} were computed by library code {code}, this is "
+                      f"{results.library_code_hash()}: used, as results version "
+                      f"{RESULTS_VERSION} says the numbers are the same (tests/golden/)",
+                      stacklevel=3)
+    return True
 
 
 def _copy_entry(entry: Path, folder: Path) -> None:
@@ -115,20 +135,22 @@ def _copy_entry(entry: Path, folder: Path) -> None:
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
-    """`localsgd.train.train` through the results cache: identical configs (also across
-    notebooks) train once. The key holds the library wing's code (`results.library_code_hash`),
-    not the reproduction's. A run being trained checkpoints after every epoch beside its cache
-    entry (`checkpoint_path`), so one cut off mid-way (a closed laptop, a killed kernel) resumes
-    from its last epoch, as `train` resumes (bitwise); the checkpoint is deleted once the entry
-    is written. Inside a dry run (`localsgd.paper.dry_run`) the run is cut short, neither
-    checkpointed nor cached; under ``localsgd reproduce --profile`` its phases are recorded."""
-    code = results.library_code_hash()
+    """`localsgd.train.train` through the results cache: identical runs (also across notebooks)
+    train once. The key is the run's meaning (`localsgd.results_key`: the fields that change
+    its numbers and the results version), not the code's. A run being trained checkpoints
+    after every epoch beside its cache entry (`checkpoint_path`), so one cut off mid-way (a
+    closed laptop, a killed kernel) resumes from its last epoch, as `train` resumes (bitwise);
+    the checkpoint is deleted once the entry is written. Inside a dry run
+    (`localsgd.paper.dry_run`) the run is cut short, neither checkpointed nor cached; under
+    ``localsgd reproduce --profile`` its phases are recorded."""
     limit = dry_run.limit()
     ckpt = None if limit is not None else checkpoint_path(cfg)
     entry, keep = _entry(cfg), (runs_dir() if limit is None else None)
+    usable = not refresh and _whole(entry, cfg, quiet=not entry.is_file())
     kept = _kept(cfg) if keep is not None and not refresh else None
-    if kept is not None and not _whole(entry, cache_key(cfg)):
+    if kept is not None and not usable:
         _copy_entry(kept, entry.parent)  # a run trained on another machine
+        usable = True
     trained = []
     if ckpt is not None and refresh:
         ckpt.unlink(missing_ok=True)
@@ -152,7 +174,9 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
             err.add_note(f"(the run resumed from {ckpt}; delete it to train from the start)")
             raise
 
-    out = results.cached("train", cache_key(cfg), compute, refresh=refresh, code=code)
+    prov = run_provenance(cfg)
+    out = results.cached("train", prov.pop("params"), compute, refresh=not usable,
+                         entry=entry, meta={k: v for k, v in prov.items() if k != "name"})
     if ckpt is not None:
         ckpt.unlink(missing_ok=True)  # the entry holds the run now
     if keep is not None and (trained or kept is None):  # new, or not kept yet (or not whole)

@@ -1,0 +1,67 @@
+"""What a training run's results are keyed by: the `TrainConfig` fields that can change its
+numbers, plus `RESULTS_VERSION`.
+
+A kept run (the reproduction's results cache and its committed ``figures/*/runs/``) is found
+by `results_key` and trusted only when `same_run` says its stored parameters describe the run
+asked for. The library's code is *not* in the key: editing a docstring, renaming a private
+helper or adding a config field with a default keeps every kept run. What guards the numbers
+instead is ``tests/test_golden_records.py``: tiny runs of every schedule kind and engine, their
+records committed under ``tests/golden/``; a change to the arithmetic of results fails it
+until `RESULTS_VERSION` is bumped (which retires every run kept under the old version) and the
+golden records are written again (``python tests/golden/write.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from localsgd.train_config import TrainConfig
+
+__all__ = ["NOT_IN_KEY", "RESULTS_VERSION", "results_key", "same_run"]
+
+# Bump by hand when a change makes any run compute other numbers (the golden-records test says
+# when); runs kept under another version are then trained again, never served.
+RESULTS_VERSION = 1
+
+# TrainConfig fields that do not change a run's records, each with why. Every other field is
+# in the key (tests/test_results_key.py walks the fields).
+NOT_IN_KEY = {
+    "eval_batch": "the test set's size per forward pass in evaluation: eval-mode outputs are "
+                  "per image and the sums are taken over the same images in order",
+    "loader_workers": "processes decoding streamed images: the crops are seeded per image "
+                      "(`localsgd.data.SeededItems`), so the batches are the same",
+    "host_threads": "threads the sequential engine spreads its replicas over: the same bits on "
+                    "one core or several (tests/test_replicas.py)",
+}
+
+
+def results_key(cfg: TrainConfig) -> dict[str, Any]:
+    """The run's key: every field that can change its records and is not at its default
+    (a field added later with a default therefore leaves older keys as they were), plus
+    ``results_version``. The values are JSON's (a tuple is a list)."""
+    key: dict[str, Any] = {"results_version": RESULTS_VERSION}
+    for field in dataclasses.fields(TrainConfig):
+        value = getattr(cfg, field.name)
+        if field.name in NOT_IN_KEY or value == _default(field):
+            continue
+        key[field.name] = list(value) if isinstance(value, tuple) else value
+    return key
+
+
+def same_run(stored: Mapping[str, Any], cfg: TrainConfig) -> bool:
+    """Whether the parameters ``stored`` with a kept run (``TrainConfig.to_dict()``, or a part
+    of it: a field missing there was at its default) describe the run ``cfg`` asks for. A field
+    ``cfg`` no longer has, or a value it would refuse, is another run."""
+    try:
+        kept = TrainConfig.from_dict(dict(stored))
+    except (ValueError, TypeError):
+        return False
+    return results_key(kept) == results_key(cfg)
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()  # type: ignore[misc]
