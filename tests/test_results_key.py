@@ -16,7 +16,13 @@ import pytest
 
 from localsgd import results_key
 from localsgd.paper.experiments import grid
-from localsgd.results_key import NOT_IN_KEY, RESULTS_VERSION, results_key as key_of, same_run
+from localsgd.results_key import (
+    NOT_IN_KEY,
+    RESULTS_VERSION,
+    UNUSED_WHEN,
+    same_run,
+)
+from localsgd.results_key import results_key as key_of
 from localsgd.train import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,14 +58,23 @@ def _other(field: dataclasses.Field, cfg: TrainConfig):
 def test_every_field_that_can_change_results_is_in_the_key():
     hierarchy = {"world_size": 4, "block_size": 2, "local_steps": 2, "block_steps": 2}
     base = TrainConfig(**hierarchy)
+    # bases where the fields UNUSED_WHEN names are used
+    using = {"global_momentum": dict(momentum_scheme="hybrid"),
+             "slowmo_momentum": dict(slowmo_frequency=4), "slowmo_lr": dict(slowmo_frequency=4)}
+    assert set(using) == set(UNUSED_WHEN)
     for field in dataclasses.fields(TrainConfig):
-        changed = dataclasses.replace(base, **{field.name: _other(field, base)})
+        here = dataclasses.replace(base, **using.get(field.name, {}))
+        changed = dataclasses.replace(here, **{field.name: _other(field, here)})
         if field.name in NOT_IN_KEY:
             assert len(NOT_IN_KEY[field.name]) > 20, f"{field.name}: say why it is left out"
-            assert key_of(changed) == key_of(base), field.name
+            assert key_of(changed) == key_of(here), field.name
         else:
-            assert key_of(changed) != key_of(base), f"{field.name} is left out of the key " \
+            assert key_of(changed) != key_of(here), f"{field.name} is left out of the key " \
                 "without a reason in results_key.NOT_IN_KEY"
+        if field.name in UNUSED_WHEN:  # and where the run does not use it, it is not in the key
+            unused = dataclasses.replace(changed, **{k: getattr(base, k)
+                                                     for k in using[field.name]})
+            assert UNUSED_WHEN[field.name][0](unused) and key_of(unused) == key_of(base)
     assert set(NOT_IN_KEY) <= {f.name for f in dataclasses.fields(TrainConfig)}
     assert key_of(base) == {"results_version": RESULTS_VERSION, **hierarchy}
     assert key_of(TrainConfig()) == {"results_version": RESULTS_VERSION}

@@ -19,7 +19,7 @@ from typing import Any
 
 from localsgd.train_config import TrainConfig
 
-__all__ = ["NOT_IN_KEY", "RESULTS_VERSION", "results_key", "same_run"]
+__all__ = ["NOT_IN_KEY", "RESULTS_VERSION", "UNUSED_WHEN", "results_key", "same_run"]
 
 # Bump by hand when a change makes any run compute other numbers (the golden-records test says
 # when); runs kept under another version are then trained again, never served.
@@ -36,15 +36,26 @@ NOT_IN_KEY = {
                     "one core or several (tests/test_replicas.py)",
 }
 
+# Fields that cannot change a run's numbers while another field leaves them unused
+# (`localsgd.train.build_engine` reads them only then): (when unused, why).
+UNUSED_WHEN = {
+    "slowmo_momentum": (lambda c: c.slowmo_frequency is None, "no SlowMo outer step"),
+    "slowmo_lr": (lambda c: c.slowmo_frequency is None, "no SlowMo outer step"),
+    "global_momentum": (lambda c: c.momentum_scheme in ("local", "none"),
+                        "no global (outer) momentum step"),
+}
+
 
 def results_key(cfg: TrainConfig) -> dict[str, Any]:
-    """The run's key: every field that can change its records and is not at its default
-    (a field added later with a default therefore leaves older keys as they were), plus
-    ``results_version``. The values are JSON's (a tuple is a list)."""
+    """The run's key: every field that can change its records (not `NOT_IN_KEY`, not unused
+    by this run, `UNUSED_WHEN`) and is not at its default (a field added later with a default
+    therefore leaves older keys as they were), plus ``results_version``. The values are JSON's
+    (a tuple is a list)."""
     key: dict[str, Any] = {"results_version": RESULTS_VERSION}
     for field in dataclasses.fields(TrainConfig):
         value = getattr(cfg, field.name)
-        if field.name in NOT_IN_KEY or value == _default(field):
+        unused = field.name in UNUSED_WHEN and UNUSED_WHEN[field.name][0](cfg)
+        if field.name in NOT_IN_KEY or unused or value == _default(field):
             continue
         key[field.name] = list(value) if isinstance(value, tuple) else value
     return key

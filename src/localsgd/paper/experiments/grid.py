@@ -118,8 +118,9 @@ def _whole(csv: Path, cfg: TrainConfig, *, quiet: bool = False) -> bool:
     code = meta.get("library_hash")
     if code != results.library_code_hash() and (str(csv.parent), str(code)) not in _WARNED:
         _WARNED.add((str(csv.parent), str(code)))
-        warnings.warn(f"runs in {csv.parent} were computed by library code {code}, this is "
-                      f"{results.library_code_hash()}: used, as results version "
+        warnings.warn(f"runs in {csv.parent} were computed by "
+                      f"{f'library code {code}' if code else 'a library that did not record its hash'}"
+                      f", this is {results.library_code_hash()}: used, as results version "
                       f"{RESULTS_VERSION} says the numbers are the same (tests/golden/)",
                       stacklevel=3)
     return True
