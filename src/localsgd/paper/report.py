@@ -104,7 +104,7 @@ def load_ours(figures_dir: Path) -> pd.DataFrame:
     frames = [pd.read_csv(p, dtype={"setting": str, "metric": str}).assign(path=str(p))
               for p in paths]
     cols = [*KEY, "value", "unit", "mode", "scale", "rel_tol", "abs_tol", "figure", "claim",
-            "verdict", "path"]
+            "verdict", "rule", "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     ours = pd.concat(frames, ignore_index=True)
@@ -376,12 +376,21 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
         if ours and len(vals) == 1 and len(source_values) == 1 and source_values.notna().all():
             ours += f" · source {fmt_source(source_values.iloc[0])}" + (
                 {"%": " %", "x": "×"}.get(unit, f" {unit}") if unit else "")
+        former = "rule" not in group or group["rule"].isna().all()
         out.append({"source": SOURCE_LABELS.get(source, source), "artifact": artifact,
                     "claim": plain(claim), "ours": ours or "—",
                     "scale": _scale_label(group.iloc[0]),
-                    "verdict": short_verdict(group["verdict"].iloc[0]),
-                    "detail": plain(group["verdict"].iloc[0])})
+                    "verdict": short_verdict(group["verdict"].iloc[0])
+                    + (f" ({FORMER_RULE})" if former else ""),
+                    "detail": (f"[{FORMER_RULE}: {FORMER_RULE_MEANS}] " if former else "")
+                    + plain(group["verdict"].iloc[0])})
     return pd.DataFrame(out, columns=cols)
+
+
+FORMER_RULE = "former rule"
+FORMER_RULE_MEANS = ("judged before the rule of 2026-11-28 (every seed on one side of the "
+                     "threshold and the mean one sd from it, no regime check); its runs were "
+                     "not kept, so it awaits a re-run")
 
 
 def _scale_label(row: pd.Series) -> str:

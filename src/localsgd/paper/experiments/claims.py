@@ -5,17 +5,23 @@ against H = 1", "the speed-up is at least 1x", "the model predicts within 10 %".
 notebook computes the quantity (a paired difference where the claim compares two settings), and
 `verdict` decides:
 
-* **The seed-spread rule.** A verdict rests on seeds: with one seed it is *inconclusive at this
-  scale* (one run says nothing about the spread a different seed -- or a different CPU, whose
-  float32 rounding sends a chaotic training run elsewhere -- would give). With two or more
-  seeds the claim is decided only when every seed lies on the same side of the threshold *and*
-  the mean lies at least one standard deviation (over seeds) away from it; otherwise the
-  difference is within the seed spread and the verdict is inconclusive.
+* **The rule.** A claim "quantity >= threshold" is *held* when the one-sided 95 % confidence
+  bound of the per-seed mean (Student's t with n - 1 degrees of freedom: mean - t·sd/sqrt(n)) is
+  above the threshold, *did not hold* when the other one-sided 95 % bound (mean + t·sd/sqrt(n))
+  is below it, and *inconclusive* otherwise (and with one seed, which gives no interval). "<="
+  claims mirror it. At n = 3 the bound is 2.92 standard errors from the mean (n = 2: 6.31).
+* **Every threshold says where it comes from** (``origin``): the paper's own words or number
+  (`paper`), or a tolerance of ours, with why (`ours`).
 * Quantities that do not depend on a seed (arithmetic, a deterministic simulator or model, a
   measurement repeated until its median is stable) pass ``deterministic=True`` and are decided
   by the mean alone -- unless they are known only to a ``resolution`` (e.g. a stopping time
   checked every 5 % of the steps): a value within ``resolution`` of the threshold is
-  inconclusive, as a seed spread straddling it would be.
+  inconclusive.
+* **The regime check** (`regime`), before a verdict on trained runs: every configuration the
+  claim compares must be in the regime the claim is about -- converged (its test accuracy moves
+  by at most `REGIME_MOVE` points over the last tenth of training) and not underfit against
+  what it is compared with (its final training accuracy not below the other's test accuracy).
+  Otherwise the claim is ``not testable at this budget``, naming the configuration and number.
 * ``data unavailable`` when the data set is not on this machine (never replaced by another);
   ``not measurable`` when no value is finite (e.g. no run reached the target accuracy).
 * ``not testable at this scale`` (`not_testable`) when the mechanism the claim rests on is
@@ -34,11 +40,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pandas as pd
+from scipy import stats
 
 HELD = "held"
 NOT_HELD = "did not hold"
@@ -46,14 +54,23 @@ INCONCLUSIVE = "inconclusive at this scale"
 UNAVAILABLE = "data unavailable"
 NOT_MEASURABLE = "not measurable"
 NOT_TESTABLE = "not testable at this scale"
+NOT_IN_REGIME = "not testable at this budget"
 MODEL_DISAGREES = "model disagrees with the source"
-OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, NOT_TESTABLE, MODEL_DISAGREES, UNAVAILABLE,
-            NOT_MEASURABLE)
+OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, NOT_IN_REGIME, NOT_TESTABLE, MODEL_DISAGREES,
+            UNAVAILABLE, NOT_MEASURABLE)
+CONFIDENCE = 0.95  # each one-sided bound's
+# the rule a verdict was judged by, carried by every claim row (`claim_row`): REPORT marks a
+# committed verdict without it as judged by the former rule (every seed on one side of the
+# threshold and the mean at least one sd from it), until its notebook is run again
+RULE = "one-sided 95 % t bound, regime check"
 MEANING = {
-    HELD: "the tested quantity lies on the claim's side of its threshold, outside the spread "
-          "over seeds (or rounds)",
-    NOT_HELD: "the tested quantity lies on the other side, outside the spread",
-    INCONCLUSIVE: "the threshold lies within the spread, or one seed gives no spread to judge by",
+    HELD: "the one-sided 95 % confidence bound (t over seeds or rounds) of the tested quantity "
+          "lies on the claim's side of its threshold",
+    NOT_HELD: "the other one-sided 95 % bound lies on the other side of the threshold",
+    INCONCLUSIVE: "the threshold lies within the 95 % bounds, or one seed gives no interval",
+    NOT_IN_REGIME: "a compared configuration is not in the claim's regime at this training "
+                   "length: its test accuracy still moves over the last tenth, or it is "
+                   "underfit against what it is compared with (the verdict names it)",
     NOT_TESTABLE: "the mechanism the claim rests on is absent by construction at the scale that "
                   "ran (the verdict names it)",
     MODEL_DISAGREES: "the timing model's prediction for the source's own setting lies outside "
@@ -63,15 +80,28 @@ MEANING = {
 }
 
 
+def paper(words: str) -> str:
+    """A threshold the source states (``words``: where, or what it says)."""
+    return f"the paper's: {words}"
+
+
+def ours(why: str) -> str:
+    """A threshold that is our tolerance, not the source's (``why`` it is this value)."""
+    return f"our tolerance: {why}"
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """The outcome of a claim (one of `OUTCOMES`) and the numbers it rests on."""
+    """The outcome of a claim (one of `OUTCOMES`) and the numbers it rests on: the mean over
+    seeds, their sd, n, and the one-sided 95 % bounds (``low``, ``high``; NaN below two seeds)."""
 
     outcome: str
     mean: float
     sd: float
     seeds: int
     reason: str
+    low: float = math.nan
+    high: float = math.nan
 
     def __str__(self) -> str:
         return f"{self.outcome}: {self.reason}"
@@ -81,11 +111,24 @@ def _fmt(x: float, unit: str) -> str:
     return f"{x:+.3g}{unit}" if unit in ("", " points", " pts") else f"{x:.3g}{unit}"
 
 
-def verdict(values: Sequence[float] | float, threshold: float, *, higher_is_better: bool = True,
-            deterministic: bool = False, unit: str = "", data_available: bool = True,
-            what: str = "value", resolution: float = 0.0) -> Verdict:
+def bounds(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The one-sided ``confidence`` bounds (lower, upper) of the mean of ``values`` by Student's
+    t with n - 1 degrees of freedom; NaN for fewer than two values."""
+    arr = np.asarray(values, dtype=float)
+    if len(arr) < 2:
+        return math.nan, math.nan
+    half = float(stats.t.ppf(confidence, len(arr) - 1)) * float(arr.std(ddof=1)) / math.sqrt(
+        len(arr))
+    return float(arr.mean()) - half, float(arr.mean()) + half
+
+
+def verdict(values: Sequence[float] | float, threshold: float, *, origin: str,
+            higher_is_better: bool = True, deterministic: bool = False, unit: str = "",
+            data_available: bool = True, what: str = "value",
+            resolution: float = 0.0) -> Verdict:
     """Decide the claim "``what`` >= ``threshold``" (or <= with ``higher_is_better=False``) from
-    per-seed ``values`` by the seed-spread rule of the module docstring."""
+    per-seed ``values`` by the rule of the module docstring; ``origin`` says where the
+    threshold comes from (`paper` or `ours`)."""
     if not data_available:
         return Verdict(UNAVAILABLE, math.nan, math.nan, 0,
                        "the data set is not on this machine (not substituted)")
@@ -97,26 +140,99 @@ def verdict(values: Sequence[float] | float, threshold: float, *, higher_is_bett
     mean = float(arr.mean())
     sd = float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
     sign = 1.0 if higher_is_better else -1.0
-    ok = sign * (mean - threshold) >= 0
     rel = ">=" if higher_is_better else "<="
-    spread = f"{_fmt(mean, unit)} ± {sd:.2g}{unit} over {len(arr)} seeds" if len(arr) > 1 \
-        else f"{_fmt(mean, unit)} (1 seed)"
-    claim = f"{what} {rel} {threshold:g}{unit}"
+    claim = f"claim {what} {rel} {threshold:g}{unit} ({origin})"
     if deterministic:
+        ok = sign * (mean - threshold) >= 0
         if abs(mean - threshold) < resolution:
             return Verdict(INCONCLUSIVE, mean, sd, len(arr),
-                           f"{what} {_fmt(mean, unit)}, claim {claim}: the threshold lies within "
+                           f"{what} {_fmt(mean, unit)}, {claim}: the threshold lies within "
                            f"the measurement's resolution (±{resolution:.2g}{unit})")
         return Verdict(HELD if ok else NOT_HELD, mean, sd, len(arr),
-                       f"{what} {_fmt(mean, unit)}; claim {claim}")
+                       f"{what} {_fmt(mean, unit)}; {claim}")
     if len(arr) < 2:
         return Verdict(INCONCLUSIVE, mean, sd, 1,
-                       f"{spread}, claim {claim}: one seed gives no spread to judge by")
-    same_side = bool(np.all(sign * (arr - threshold) >= 0) or np.all(sign * (arr - threshold) < 0))
-    if same_side and abs(mean - threshold) >= sd:
-        return Verdict(HELD if ok else NOT_HELD, mean, sd, len(arr), f"{spread}; claim {claim}")
+                       f"{what} {_fmt(mean, unit)} (1 seed), {claim}: one seed gives no "
+                       "interval to judge by")
+    low, high = bounds(arr)
+    # the bound on the claim's side, and the one on the other
+    near, far = (low, high) if higher_is_better else (high, low)
+    spread = (f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} seeds, one-sided "
+              f"95 % bound {_fmt(near, unit)} (t)")
+    if sign * (near - threshold) > 0:
+        return Verdict(HELD, mean, sd, len(arr), f"{spread}; {claim}", low, high)
+    if sign * (far - threshold) < 0:
+        return Verdict(NOT_HELD, mean, sd, len(arr),
+                       f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} seeds, "
+                       f"one-sided 95 % bound {_fmt(far, unit)} (t); {claim}", low, high)
     return Verdict(INCONCLUSIVE, mean, sd, len(arr),
-                   f"{spread}, claim {claim}: the threshold lies within the seed spread")
+                   f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} seeds, 95 % "
+                   f"bounds {_fmt(low, unit)} and {_fmt(high, unit)} (t), {claim}: the "
+                   "threshold lies within them", low, high)
+
+
+# --------------------------------------------------------------------------- the regime check
+REGIME_TAIL = 0.1  # the last tenth of training
+# Points of test top-1 a configuration may move over the last tenth of its training and still
+# count as converged: our tolerance (REGIME_WHY).
+REGIME_MOVE = 0.5
+REGIME_WHY = ("half the 1-point tolerance of the accuracy claims, so a run still moving cannot "
+              "alone carry a verdict across such a threshold")
+
+
+def tail_move(records: pd.DataFrame, column: str = "test_acc") -> float:
+    """How far ``column`` moves (max - min) over the last `REGIME_TAIL` of one run's
+    ``records`` (by ``epoch``; the record at the tail's start included); NaN with fewer than two
+    records there."""
+    if records.empty or "epoch" not in records:
+        return math.nan
+    end = float(records["epoch"].max())
+    tail = records[records["epoch"] >= (1 - REGIME_TAIL) * end - 1e-9][column]
+    return float(tail.max() - tail.min()) if len(tail) >= 2 else math.nan
+
+
+def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]] | None = None,
+           bound: float = REGIME_MOVE) -> Verdict | None:
+    """`NOT_IN_REGIME` when a compared configuration is outside the claim's regime, else None.
+
+    ``sides``: each compared configuration's final records over seeds (`final_rows`: columns
+    ``train_acc``, ``test_acc`` and ``tail_move``). A side is unconverged when any seed's
+    ``tail_move`` exceeds ``bound`` or is unknown (too few records in the last tenth); side a is
+    underfit against side b (each ordered pair of ``pairs``, default all) when a's mean final
+    training accuracy is below b's mean final test accuracy."""
+    problems = []
+    # a side with no finite accuracy is judged by the verdict (not measurable), not here
+    sides = {name: rows for name, rows in sides.items()
+             if "test_acc" in rows and rows["test_acc"].astype(float).notna().any()}
+    for name, rows in sides.items():
+        moves = rows["tail_move"].astype(float) if "tail_move" in rows else pd.Series([math.nan])
+        if moves.isna().any():
+            problems.append(f"{name} has too few records in its last tenth to show it converged")
+        elif (moves > bound).any():
+            problems.append(f"{name}'s test top-1 still moves {moves.max():.2f} points over its "
+                            f"last tenth (> {bound:g}, {ours(REGIME_WHY)})")
+    names = list(sides)
+    for a, b in pairs if pairs is not None else [(a, b) for a in names for b in names if a != b]:
+        train = float(sides[a]["train_acc"].mean())
+        test = float(sides[b]["test_acc"].mean())
+        if train < test:
+            problems.append(f"{a} underfits: its train top-1 {train:.1f} % < {b}'s test top-1 "
+                            f"{test:.1f} %")
+    if not problems:
+        return None
+    return Verdict(NOT_IN_REGIME, math.nan, math.nan, 0,
+                   "; ".join(problems) + ": the runs measure what each fits in this budget, "
+                   "not the claim")
+
+
+def final_rows(records: pd.DataFrame, by: str = "run") -> pd.DataFrame:
+    """Each run's last record (``records`` grouped by ``by``, in step order) with its
+    `tail_move`."""
+    ordered = records.sort_values("step", kind="stable") if "step" in records else records
+    groups = ordered.groupby(by, sort=False)
+    last = groups.tail(1).set_index(by)
+    last["tail_move"] = groups.apply(tail_move, include_groups=False)
+    return last.reset_index()
 
 
 def not_testable(mechanism: str, *, what: str = "value") -> Verdict:
@@ -149,8 +265,9 @@ def model_outcome(outcome: str) -> str:
 def combine(verdicts: Sequence[Verdict]) -> str:
     """One outcome for a claim made of several parts (e.g. one per model): held only if every
     decided part held; did not hold if any part did not; the model disagrees if any part's
-    model does; otherwise inconclusive (or not testable / unavailable / not measurable when no
-    part could be judged)."""
+    model does; not testable at this budget if any part's runs are outside the claim's regime;
+    otherwise inconclusive (or not testable / unavailable / not measurable when no part could
+    be judged)."""
     outcomes = [v.outcome for v in verdicts]
     if NOT_HELD in outcomes:
         return NOT_HELD
@@ -158,10 +275,12 @@ def combine(verdicts: Sequence[Verdict]) -> str:
         return HELD
     if MODEL_DISAGREES in outcomes:
         return MODEL_DISAGREES
+    if NOT_IN_REGIME in outcomes:  # a part the runs cannot carry: the claim cannot be decided
+        return NOT_IN_REGIME
     if INCONCLUSIVE in outcomes or HELD in outcomes:
         return INCONCLUSIVE
-    if outcomes and all(o == NOT_TESTABLE for o in outcomes):
-        return NOT_TESTABLE
+    if outcomes and all(o in (NOT_TESTABLE, NOT_IN_REGIME) for o in outcomes):
+        return NOT_IN_REGIME if NOT_IN_REGIME in outcomes else NOT_TESTABLE
     if outcomes and all(o == UNAVAILABLE for o in outcomes):
         return UNAVAILABLE
     return NOT_MEASURABLE if outcomes else UNAVAILABLE
@@ -186,5 +305,5 @@ def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, 
             raise ValueError(f"verdict {text!r} does not start with one of {OUTCOMES}")
         if re.search(r"\bnan\b", text, re.IGNORECASE):
             raise ValueError(f"verdict {text!r} contains nan")
-        row["claim"], row["verdict"] = claim, text
+        row["claim"], row["verdict"], row["rule"] = claim, text, RULE
     return row

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from localsgd import data, paths
 from localsgd.paper import dry_run, profile, results, run_progress
+from localsgd.paper.experiments import claims
 from localsgd.results_key import RESULTS_VERSION, results_key, same_run
 from localsgd.timing.cluster import Cluster, modelled_time
 from localsgd.train import TrainConfig, train
@@ -217,8 +218,9 @@ def app_c_tricks(P) -> dict:
 
 def final_table(runs: pd.DataFrame, by: Sequence[str], value: str = "test_acc"
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(each run's last record, mean/std/count of ``value`` over seeds per ``by`` group)."""
-    final = runs.groupby("run").last().reset_index()
+    """(each run's last record with how far its test accuracy moved over its last tenth,
+    `claims.final_rows`; mean/std/count of ``value`` over seeds per ``by`` group)."""
+    final = claims.final_rows(runs)
     table = final.groupby(list(by))[value].agg(["mean", "std", "count"]).reset_index()
     return final, table
 

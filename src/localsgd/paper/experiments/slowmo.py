@@ -108,8 +108,9 @@ def slowmo_summary(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def final_records(records: pd.DataFrame) -> pd.DataFrame:
-    """Each run's last record (one row per grid point and seed)."""
-    return records.sort_values("step").groupby("run").tail(1)
+    """Each run's last record (one row per grid point and seed) with how far its test accuracy
+    moved over its last tenth (`claims.final_rows`)."""
+    return claims.final_rows(records)
 
 
 def variant_order(summary: pd.DataFrame) -> list[str]:
@@ -150,6 +151,14 @@ def _parts(outcome_parts: list[tuple[str, claims.Verdict]], extra: str = "") -> 
     return f"{claims.combine([v for _, v in outcome_parts])}: {text}{extra}"
 
 
+SLOWMO_ORIGIN = "the page's: 'reduce model quality' / 'alleviates', any difference"
+
+
+def _regime(final: pd.DataFrame, a: str, b: str) -> claims.Verdict | None:
+    """`claims.regime` of variants ``a`` and ``b`` (their final records over seeds)."""
+    return claims.regime({a: final[final.variant == a], b: final[final.variant == b]})
+
+
 def quality_verdict(final: pd.DataFrame) -> str:
     """Overview: "the base algorithms alone reduce model quality; SlowMo alleviates it". Per
     base algorithm that ran alone, two parts, each a per-seed paired test-accuracy difference
@@ -166,23 +175,27 @@ def quality_verdict(final: pd.DataFrame) -> str:
             continue
         premise = None
         if SYNC_VARIANT in set(final.variant):
-            premise = claims.verdict(_paired(final, SYNC_VARIANT, alone), 0.0, unit=" points",
-                                     what=f"H = 1 minus {alone}")
+            premise = _regime(final, SYNC_VARIANT, alone) or claims.verdict(
+                _paired(final, SYNC_VARIANT, alone), 0.0, unit=" points",
+                what=f"H = 1 minus {alone}", origin=SLOWMO_ORIGIN)
             parts.append((f"{alone} loses quality", premise))
         mask = (final.base == base) & final.slowmo
         best = _best(final, mask)
         if best is None:
             continue
         n = final[mask].variant.nunique()
-        restored = claims.verdict(_paired(final, best, alone), 0.0, unit=" points",
-                                  what=f"best SlowMo minus {alone}")
-        if premise is not None and premise.outcome in (claims.INCONCLUSIVE, claims.NOT_HELD):
+        restored = _regime(final, best, alone) or claims.verdict(
+            _paired(final, best, alone), 0.0, unit=" points", what=f"best SlowMo minus {alone}",
+            origin=SLOWMO_ORIGIN)
+        if premise is not None and premise.outcome in (claims.INCONCLUSIVE, claims.NOT_HELD,
+                                                       claims.NOT_IN_REGIME):
             restored = claims.not_testable(
                 f"{alone} is not shown to lose quality ({premise.outcome}), so nothing is "
                 f"shown to restore; measured {restored.reason}", what=f"best SlowMo minus {alone}")
         parts.append((f"SlowMo restores {base} (best of {n}: {best})", restored))
     if not parts:
-        return str(claims.verdict([], 0.0, what="paired test-accuracy difference"))
+        return str(claims.verdict([], 0.0, what="paired test-accuracy difference",
+                                  origin=SLOWMO_ORIGIN))
     return _parts(parts, " (test top-1, paired by seed; the best SlowMo setting is selected, "
                          "not corrected for the selection)")
 
@@ -194,10 +207,12 @@ def grid_verdict(final: pd.DataFrame, K: int) -> tuple[float, str]:
     outcome is inconclusive at this scale, with the per-seed best β as evidence."""
     grid = final[(final.base == "local SGD") & (final.slowmo_lr == 1.0)]
     if not len(grid):
-        return math.nan, str(claims.verdict([], 0.0, what="test accuracy on the β grid"))
+        return math.nan, str(claims.verdict([], 0.0, what="test accuracy on the β grid",
+                                            origin=claims.ours("none: no run")))
     mean = grid.groupby("slowmo_momentum").test_acc.mean().dropna()
     if mean.empty:
-        return math.nan, str(claims.verdict([], 0.0, what="test accuracy on the β grid"))
+        return math.nan, str(claims.verdict([], 0.0, what="test accuracy on the β grid",
+                                            origin=claims.ours("none: no run")))
     best_beta = float(mean.idxmax())
     per_seed = grid.dropna(subset=["test_acc"])
     per_seed = per_seed.loc[per_seed.groupby("seed").test_acc.idxmax()].slowmo_momentum
@@ -219,7 +234,8 @@ def breakeven_verdict(be: pd.DataFrame, procs: int) -> str:
                                   "not measured in this mode (breakeven = False)"))
     parts = [(f"{r.spec} (rule: {'pays' if r.rule_predicts_pays else 'does not pay'})",
               claims.verdict(r.speedup_local, 1.0, higher_is_better=bool(r.rule_predicts_pays),
-                             deterministic=True, unit="x", what="DDP step / local-SGD step"))
+                             deterministic=True, unit="x", what="DDP step / local-SGD step",
+                             origin="the page's: its rule says SlowMo pays past 1"))
              for r in be.itertuples()]
     extra = (f"; rule right in {int(be.rule_right.sum())} of {len(be)} settings; {procs} gloo "
              "processes on a shared CPU: the measured DDP step is "

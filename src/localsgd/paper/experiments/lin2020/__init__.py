@@ -112,7 +112,7 @@ from localsgd.paper.experiments.lin2020.table05 import (
     table05_status,
 )
 from localsgd.paper.experiments.lin2020.table06_07 import (
-    TABLE06_CLAIM,
+    TABLE06_CLAIMS,
     momentum_config,
     table06_07_claims,
     table06_07_configs,
@@ -123,7 +123,7 @@ __all__ = [
     "FIG06_CLAIM", "FIG06_TEST_CLAIM", "FIG08_BASELINE", "FIG08_CONFIG_DIR", "FIG08_TORCHRUN_ONLY",
     "FIG10_MAX_LOSS", "FLOPS", "MACS", "TABLE01_CLAIM", "TABLE02_CLAIM", "TABLE02_MIN_H",
     "TABLE02_RISE_MIN", "TABLE02_SETTING", "TABLE05_BY", "TABLE05_CLAIM", "TABLE05_DATASETS",
-    "TABLE05_MODELS", "TABLE06_CLAIM", "TABLE4", "Table02Fit", "appB_rows", "appB_table3",
+    "TABLE05_MODELS", "TABLE06_CLAIMS", "TABLE4", "Table02Fit", "appB_rows", "appB_table3",
     "barrier_time_per_update", "cifar_run_note", "common", "fig06", "fig06_claims",
     "fig06_configs", "fig07", "fig07_claims", "fig08", "fig08_claims", "fig08_configs",
     "fig08_load_runs", "fig08_runs", "fig08_torchrun", "fig08_torchrun_only", "fig09",

@@ -27,6 +27,7 @@ __all__ = [
     "paired_by_seed",
     "part_text",
     "reported_cells",
+    "rows_where",
     "scaling_table",
     "seed_values",
     "step_costs_from_running_times",
@@ -141,18 +142,29 @@ def or_unmeasured(value: float, fmt: str = ".2f", unit: str = "") -> str:
 
 
 def part_text(label: str, outcome: str, v) -> str:
-    """One part of a multi-part verdict: its outcome, the per-seed mean (± sd) and, if it could
-    not be decided, why."""
+    """One part of a multi-part verdict: its outcome, the per-seed mean (± sd, the one-sided 95 %
+    bounds) and, if it could not be decided, why."""
 
     text = f"{label}: {outcome}"
     if v.seeds:
-        text += f", {v.mean:+.2f} points" + (f" ± {v.sd:.2f} over {v.seeds} seeds"
+        text += f", {v.mean:+.2f} points" + (f" ± {v.sd:.2f} sd over {v.seeds} seeds"
                                               if v.seeds > 1 else "")
+        if math.isfinite(v.low):
+            text += f", 95 % bounds {v.low:+.2f} and {v.high:+.2f}"
     why = {claims.UNAVAILABLE: "not on this machine, not substituted",
            claims.NOT_MEASURABLE: "no finite test accuracy",
+           claims.NOT_IN_REGIME: v.reason,
            claims.INCONCLUSIVE: v.reason.rsplit(": ", 1)[-1]}.get(outcome)
     notes = (["1 seed"] if v.seeds == 1 else []) + ([why] if why else [])
     return text + (f" ({', '.join(notes)})" if notes else "")
+
+
+def rows_where(final: pd.DataFrame, where: dict) -> pd.DataFrame:
+    """The rows of ``final`` whose columns equal ``where`` (a configuration over its seeds)."""
+    part = final
+    for col, value in where.items():
+        part = part[part[col] == value]
+    return part
 
 
 def with_claim(rows: list[dict], artifact: str, setting: str, claim: str,

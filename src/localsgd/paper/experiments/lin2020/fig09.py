@@ -8,14 +8,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.grid import base_config
-from localsgd.paper.experiments.lin2020.common import or_unmeasured, paired_by_seed
+from localsgd.paper.experiments.lin2020.common import or_unmeasured, paired_by_seed, rows_where
 from localsgd.train import TrainConfig
 
-__all__ = ["configs", "fig09_claims"]
+__all__ = ["FIG09_CLAIMS", "configs", "fig09_claims"]
 
 
 def configs(P, seeds: Sequence[int]) -> list[TrainConfig]:
@@ -26,42 +27,75 @@ def configs(P, seeds: Sequence[int]) -> list[TrainConfig]:
     return [dataclasses.replace(base, block_steps=hb, seed=s) for hb in P.Hbs for s in seeds]
 
 
+FIG09_CLAIMS = {
+    "a": "more block steps (H^b = 16) cut the training time of H^b = 1 with trivial loss of "
+         "accuracy",
+    "b": "with +1 s per global sync, H^b = 16 reaches the target faster than H^b = 1",
+    "c": "with +50 s per global sync, a large H^b (e.g. 16) overcomes the bottleneck: faster "
+         "than H^b = 1 under the same delay, with no or trivial loss of accuracy",
+}
+FIG09_TIME_ORIGIN = ("our tolerance: the paper names no factor ('a significant gain', 'fully "
+                     "overcome'), so any speed-up over H^b = 1 under the same delay")
+FIG09_ACC_ORIGIN = "our tolerance: 'trivial' performance damage given a number, 1 point"
+
+
 def fig09_claims(tta: pd.DataFrame, *, Hbs: Sequence[int], delays_s: Sequence[float],
-                 overcome_slowdown: float, target: float, note: str = "") -> list[dict]:
-    """Figure 9(c) (§4.3): "a large H^b (e.g. 16) fully overcomes a 50 s delay per global
-    sync" made measurable at H^b = 16 (else the largest H^b) in two parts, each per seed:
-    time to ``target`` with the largest delay / without ≤ ``overcome_slowdown``, and final test
-    top-1 minus H^b = min(Hbs) (paired by seed, no delay) ≥ −1 point; `claims.combine` of both.
-    ``tta`` is `scaling_table` per delay with a ``delay_s`` column. The row's value is the
-    smallest H^b whose seed means meet both (empty if none does)."""
+                 overcome_slowdown: float, target: float, note: str = "",
+                 final: pd.DataFrame | None = None, tolerance: float = 1.0) -> list[dict]:
+    """Figure 9 (§4.3), one claim per panel (delays in ``delays_s`` order: a, b, c), read as
+    the source compares the runs: block steps *under the same delay*. Per seed, H^b = 16 (else
+    the largest H^b) against H^b = min(Hbs): its speed-up in time to ``target`` under the
+    panel's delay >= 1 (the paper names no factor), and on panels a and c its final test top-1
+    minus H^b = min's >= -``tolerance`` points after `claims.regime` (``final``:
+    `claims.final_rows` with block_steps). ``tta`` is `scaling_table` per delay with a
+    ``delay_s`` column.
 
-    d_max, hb_min, hb = max(delays_s), min(Hbs), (16 if 16 in Hbs else max(Hbs))
-    t0, t_d = (tta[tta.delay_s == d].set_index(["block_steps", "seed"]).time_to_target
-               for d in (0.0, d_max))
-    acc = tta[tta.delay_s == 0.0].set_index(["block_steps", "seed"]).final_test_acc
+    The slowdown one H^b suffers from the delay (its time with the delay over without) is not
+    judged: with the compute per update pooled over the grid it is fixed by the timing model's
+    arithmetic (compute + delay x global syncs of the same run), whatever the training did. It
+    stays the value of panel c's row, as the source reports one: the smallest H^b whose seed
+    means stay within ``overcome_slowdown`` of the undelayed time and 1 point of H^b = min."""
 
-    def parts(h: int) -> tuple[claims.Verdict, claims.Verdict]:
-        slow = claims.verdict(paired_by_seed(t_d.loc[h], t0.loc[h], "/"), overcome_slowdown,
-                              higher_is_better=False, unit="x", what="slowdown")
-        loss = claims.verdict(paired_by_seed(acc.loc[h], acc.loc[hb_min]), -1.0,
-                              unit=" points", what=f"test top-1 vs H^b = {hb_min}")
-        return slow, loss
+    hb_min, hb = min(Hbs), (16 if 16 in Hbs else max(Hbs))
+    delays = sorted(delays_s)
+    times = {d: tta[tta.delay_s == d].set_index(["block_steps", "seed"]).time_to_target
+             for d in delays}
+    acc = tta[tta.delay_s == delays[0]].set_index(["block_steps", "seed"]).final_test_acc
 
-    judged = {h: parts(h) for h in Hbs}
-    meets = [h for h, (s, a) in judged.items()
-             if s.mean <= overcome_slowdown and a.mean >= -1.0]  # False for NaN means
-    found = min(meets) if meets else None
-    slow, loss = judged[hb]
-    outcome = claims.combine([slow, loss])
-    if slow.outcome == claims.NOT_MEASURABLE and outcome != claims.NOT_HELD:
-        outcome = claims.NOT_MEASURABLE  # never reached the target: no slowdown to judge
-    text = (f"{outcome}: with +{d_max:g} s per global sync, H^b = {hb} "
-            f"slows the time to {target:.1f} % by {or_unmeasured(slow.mean, '.2f', 'x')} "
-            f"[{slow}] at {or_unmeasured(loss.mean, '+.2f', ' points')} of test top-1 vs "
-            f"H^b = {hb_min} [{loss}]; smallest H^b meeting both (seed means): "
-            f"{found if found is not None else 'none'}")
-    return [claims.claim_row(
-        "Figure 9", "panel=c", "Hb that overcomes the delay", found,
-        note=f"{note}; slowdown <= {overcome_slowdown}x and <= 1 point accuracy loss",
-        claim="a large H^b (e.g. 16) fully overcomes a 50 s delay per global sync",
-        verdict=text)]
+    def slowdown(h: int) -> float:
+        return float(np.mean(paired_by_seed(times[delays[-1]].loc[h], times[delays[0]].loc[h],
+                                            "/")))
+
+    def accuracy() -> claims.Verdict:
+        out = None if final is None else claims.regime({
+            f"H^b = {h}": rows_where(final, {"block_steps": h}) for h in (hb, hb_min)})
+        return out or claims.verdict(paired_by_seed(acc.loc[hb], acc.loc[hb_min]), -tolerance,
+                                     unit=" points", what=f"test top-1 vs H^b = {hb_min}",
+                                     origin=FIG09_ACC_ORIGIN)
+
+    rows = []
+    loss = accuracy()
+    for panel, d in zip("abc", delays, strict=False):
+        speed = claims.verdict(paired_by_seed(times[d].loc[hb_min], times[d].loc[hb], "/"), 1.0,
+                               unit="x", what=f"speed-up of H^b = {hb} over H^b = {hb_min}",
+                               origin=FIG09_TIME_ORIGIN)
+        parts = [speed] + ([loss] if panel != "b" else [])
+        outcome = claims.combine(parts)
+        if speed.outcome == claims.NOT_MEASURABLE and outcome != claims.NOT_HELD:
+            outcome = claims.NOT_MEASURABLE  # never reached the target: no time to compare
+        text = (f"{outcome}: with +{d:g} s per global sync, time to {target:.1f} %: [{speed}]"
+                + (f"; accuracy: [{loss}]" if panel != "b" else ""))
+        value, metric = speed.mean, "speed-up of Hb=16 over Hb=1, same delay"
+        if panel == "c":
+            meets = [h for h in Hbs if slowdown(h) <= overcome_slowdown
+                     and np.mean(paired_by_seed(acc.loc[h], acc.loc[hb_min])) >= -tolerance]
+            value, metric = (min(meets) if meets else None), "Hb that overcomes the delay"
+            text += (f"; not judged: H^b = {hb}'s own slowdown from the delay, "
+                     f"{or_unmeasured(slowdown(hb), '.2f', 'x')}, is fixed by the timing model's "
+                     "arithmetic (pooled compute + delay x global syncs)")
+        rows.append(claims.claim_row(
+            "Figure 9", f"panel={panel}", metric, value, unit="" if panel == "c" else "x",
+            note=note + (f"; value: smallest H^b within {overcome_slowdown}x of its undelayed "
+                         "time and 1 point of H^b = 1 (seed means)" if panel == "c" else ""),
+            claim=FIG09_CLAIMS[panel], verdict=text))
+    return rows

@@ -347,6 +347,7 @@ def table02_claims(tab: pd.DataFrame, mc: pd.DataFrame | None, *, fit_max_h: int
     n_scen = max(mc.scenario.nunique() - 1, 0)  # scenarios with stragglers
     v = verdict(max((r for r in rises if math.isfinite(r)), default=math.nan), TABLE02_RISE_MIN,
                 deterministic=True, unit=" min",
+                origin="our tolerance: Table 2 prints minutes to 2 decimals",
                 what=f"largest modelled rise beyond H = {TABLE02_MIN_H}")
     beyond = tab[~tab.used]
     # the models' prediction of the paper's own runs: no rise means the models disagree with
