@@ -185,8 +185,10 @@ RUNS = [
         "one smoke-size notebook into the temporary folder (the full quick run is make "
         "reproduce itself, ~20 min)", _files("figures/appB_comm_cost.*", "figures/REPORT.md")),
     Run(r"^make test$", skip="the test suite itself: this test is part of it"),
-    Run(r'^make reproduce ARGS="--only appB_comm_cost --set c_inter=20 --out-dir build/try"$',
-        check=_all(_files("build/try/appB_comm_cost.*"), _prints("c_inter=20"))),
+    Run(r'^make reproduce MODE=smoke ARGS="--only fig06_cifar10_local_sgd --set \'Hs=\[1, 2\]\' '
+        r'--out-dir build/try"$',
+        check=_all(_files("build/try/fig06_cifar10_local_sgd.*"), _prints("Hs=[1, 2]")),
+        needs_cifar=True),
     Run(r"^make lab$", "PORT={port}", "a free port; the server must answer, then it is stopped"),
     Run(r"python3 -m venv \.venv", why="a fresh virtual environment in a copy of the checkout",
         skip="run by tests/test_base_install.py: the block as written, then the README's library "

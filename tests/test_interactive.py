@@ -7,6 +7,8 @@ figure), ``out_dir = "build/interactive"``, and it calls ``localsgd.paper.notebo
 parameters before doing any work.
 """
 
+import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -174,3 +176,68 @@ def test_params_again_in_the_same_kernel_takes_the_same_names():
     ns["K"] = 0
     with pytest.raises(notebook.ParameterError, match="K = 0"):
         notebook.params(ns)
+
+
+# ------------------------------------------------------------------ one line to change mode
+def _cell_namespace(nb_id: str, **edits) -> dict:
+    """A kernel's globals after running ``nb_id``'s parameters cell with ``edits`` typed in."""
+    from localsgd.paper.notebook import cell_defaults
+
+    return {**cell_defaults(NOTEBOOKS / f"{nb_id}.ipynb"), **edits}
+
+
+@pytest.mark.parametrize("nb_id", sorted(p.parent.name for p in
+                                         (NOTEBOOKS / "params").glob("*/converged.yaml")))
+def test_setting_mode_in_the_cell_takes_that_modes_file(nb_id, monkeypatch):
+    import yaml
+
+    from localsgd.paper import notebook
+
+    monkeypatch.delenv(notebook.HEADLESS_ENV, raising=False)
+    monkeypatch.delenv(notebook.RUNS_ENV, raising=False)
+    file = yaml.safe_load((NOTEBOOKS / "params" / nb_id / "converged.yaml").read_text())
+    namespace = _cell_namespace(nb_id, mode="converged")
+    P = notebook.params(namespace, notebook=nb_id)
+    for name, value in file.items():
+        assert getattr(P, name) == value, name
+        assert namespace[name] == value, name  # a later cell reading the bare name sees it too
+    # converged mode reads the committed kept runs, as `localsgd reproduce` does
+    assert os.environ[notebook.RUNS_ENV].endswith("figures/converged/runs")
+
+
+def test_the_users_edits_win_over_the_mode_file(monkeypatch):
+    from localsgd.paper import notebook
+
+    monkeypatch.delenv(notebook.HEADLESS_ENV, raising=False)
+    monkeypatch.delenv(notebook.RUNS_ENV, raising=False)
+    nb_id = "table05_models"
+    defaults = notebook.cell_defaults(NOTEBOOKS / f"{nb_id}.ipynb")
+    P = notebook.params(_cell_namespace(nb_id, mode="converged", n_seeds=2), notebook=nb_id)
+    assert P.n_seeds == 2 and P.epochs == 20.0  # the edit, then the file's epochs
+    assert defaults["epochs"] != 20.0
+    # the cell's own mode takes no file; a mode without one is one line naming those with one
+    P = notebook.params(_cell_namespace(nb_id), notebook=nb_id)
+    assert P.epochs == defaults["epochs"]
+    with pytest.raises(notebook.ParameterError, match="mode = 'fast' is not allowed"):
+        notebook.params(_cell_namespace(nb_id, mode="fast"), notebook=nb_id)
+    # under `localsgd reproduce` (which injects the file itself) the cell's values stand
+    monkeypatch.setenv(notebook.HEADLESS_ENV, "1")
+    P = notebook.params(_cell_namespace(nb_id, mode="converged"), notebook=nb_id)
+    assert P.epochs == defaults["epochs"]
+
+
+def test_a_mode_without_a_file_names_the_modes_that_have_one(tmp_path):
+    from localsgd.paper import notebook
+
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]},
+                     "source": 'mode = "quick"\nepochs = 2.0\n'}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(nb))
+    (tmp_path / "params" / "x").mkdir(parents=True)
+    (tmp_path / "params" / "x" / "smoke.yaml").write_text("epochs: 1.0\n")
+    with pytest.raises(notebook.ParameterError, match=r"x has no paper.yaml \(modes with a "
+                                                       r"file: smoke\)"):
+        notebook.mode_values({"mode": "paper", "epochs": 2.0}, "x", folder=tmp_path)
+    assert notebook.mode_values({"mode": "smoke", "epochs": 2.0}, "x", folder=tmp_path) == \
+        {"mode": "smoke", "epochs": 1.0}
+    assert notebook.mode_values({"mode": "smoke", "epochs": 3.0}, "x", folder=tmp_path) == \
+        {"mode": "smoke", "epochs": 3.0}

@@ -79,7 +79,8 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     rep.add_argument("--check", action="store_true",
                      help="write nothing; list every number README, docs/ and papers/*/notes.md "
                      "quote that differs from figures/ or copies a result outside a generated "
-                     "block or registered quote (localsgd.paper.prose_numbers); exit 1 if any")
+                     "block or registered quote (localsgd.paper.prose_numbers), and every claim "
+                     "a notebook judges that no papers/*/claims.csv lists; exit 1 if any")
 
     b = sub.add_parser("bench", help="benchmarks; `localsgd bench NAME --help` for options")
     b.add_argument("name", choices=sorted(BENCHES))
@@ -419,11 +420,14 @@ def _run_and_report(args: argparse.Namespace, h: Any, specs: list, sets: dict[st
     return _exit_code(results)
 
 
-def _check_prose() -> int:
-    """`localsgd report --check`: stale quoted numbers and unregistered copies of results."""
-    from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
+def _check_prose(papers: Path, figures: Path) -> int:
+    """`localsgd report --check`: stale quoted numbers, unregistered copies of results, and
+    claims a notebook judges that no source's ledger lists."""
+    from localsgd.paper import ledger, prose_numbers  # deferred: reads the checkout's figures/
 
-    problems = prose_numbers.stale() + prose_numbers.unlinked()
+    problems = prose_numbers.stale() + prose_numbers.unlinked() + [
+        f"claim not in any papers/*/claims.csv: {c!r}"
+        for c in ledger.unregistered_claims(papers, figures)]
     for line in problems:
         print(line)
     print(f"prose numbers: {len(prose_numbers.CHECKS)} registered quotes, "
@@ -462,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
             return _reproduce(args)
         if args.command == "report":
             if args.check:
-                return _check_prose()
+                return _check_prose(args.papers, args.figures)
             print(_report(args.papers, args.figures))
             return 0
         if args.command == "plan":

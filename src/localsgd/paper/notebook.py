@@ -25,12 +25,15 @@ parameter passes its own rule with ``check(rules={"name": one_of(...)}, name=val
 
 from __future__ import annotations
 
+import ast
 import difflib
+import json
 import math
 import os
 import re
 import types
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 MODES = ("smoke", "quick", "paper", "converged")  # reproduce.MODES (kept import-light)
@@ -257,6 +260,7 @@ RULES: dict[str, Rule] = {
 
 
 HEADLESS_ENV = "LOCALSGD_HEADLESS"  # set by `localsgd reproduce` for the kernels it starts
+RUNS_ENV = "LOCALSGD_RUNS"  # `localsgd.paper.experiments.grid.RUNS_ENV`: kept runs (converged)
 
 
 def headless() -> bool:
@@ -303,13 +307,83 @@ class Params(types.SimpleNamespace):
         return {**vars(self), **extra}
 
 
-def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None) -> Params:
+def cell_defaults(nb_path: Path | str) -> dict[str, Any]:
+    """Names assigned in the notebook's single ``parameters`` cell, with their literal values
+    (None for a value that is not a flat literal). A missing, doubled or unparsable cell is a
+    ParameterError naming the file."""
+    try:  # an .ipynb is JSON: reading one cell needs no nbformat (gpu-check runs without it)
+        nb = json.loads(Path(nb_path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ParameterError(f"{nb_path}: not a readable notebook: {exc}") from exc
+    cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"
+             and "parameters" in c.get("metadata", {}).get("tags", [])]
+    if not cells:
+        raise ParameterError(f"{nb_path}: no code cell tagged 'parameters'; tag the cell that "
+                             "defines the notebook's parameters (papermill needs it)")
+    if len(cells) > 1:
+        raise ParameterError(f"{nb_path}: {len(cells)} cells tagged 'parameters'; keep "
+                             "exactly one")
+    try:
+        source = cells[0].get("source", "")
+        tree = ast.parse(source if isinstance(source, str) else "".join(source))
+    except SyntaxError as exc:
+        raise ParameterError(f"{nb_path}: the parameters cell is not valid Python: {exc}") \
+            from exc
+    names: dict[str, Any] = {}
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
+        for target in targets:
+            if isinstance(target, ast.Name):
+                try:
+                    names[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    names[target.id] = None  # not a flat literal; still a defined name
+    return names
+
+
+def notebooks_dir() -> Path:
+    """The checkout's ``notebooks/`` (src layout: src/localsgd/paper/notebook.py)."""
+    return Path(__file__).resolve().parents[3] / "notebooks"
+
+
+def mode_values(found: Mapping[str, Any], notebook: str,
+                folder: Path | None = None) -> dict[str, Any]:
+    """The parameters a notebook runs with when its cell says ``mode``: the mode's file
+    (``notebooks/params/<notebook>/<mode>.yaml``) over the cell's defaults, and every value the
+    user changed from the default on top (the user's edits win). ``found``: the cell's values as
+    run. The cell's own default mode takes no file (its defaults are that mode's values); a mode
+    without a file is a ParameterError naming the modes that have one."""
+    import yaml  # deferred: only a notebook run interactively with another mode reads a file
+
+    folder = notebooks_dir() if folder is None else Path(folder)
+    defaults = cell_defaults(folder / f"{notebook}.ipynb")
+    mode = found.get("mode")
+    if mode is None or mode == defaults.get("mode"):
+        return dict(found)
+    path = folder / "params" / notebook / f"{mode}.yaml"
+    if not path.is_file():
+        have = sorted(p.stem for p in (folder / "params" / notebook).glob("*.yaml"))
+        raise ParameterError(f"mode = {mode!r}: {notebook} has no {path.name} (modes with a "
+                             f"file: {', '.join(have) or 'none'})")
+    file = yaml.safe_load(path.read_text()) or {}
+    changed = {k: v for k, v in found.items() if k not in defaults or v != defaults[k]}
+    return {**found, **file, **changed}
+
+
+def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None, *,
+           notebook: str | None = None) -> Params:
     """The parameters cell's values found in ``namespace`` (a notebook's ``globals()``), checked.
 
     Call it first thing after the parameters cell, before other imports: every public name bound
     to plain data is taken as a parameter, so constants imported earlier would be taken too (and
     rejected unless they have a rule). Raises ``ParameterError`` for an unknown name (with the
     closest known ones) or a bad value (with what is allowed).
+
+    ``notebook`` (the notebook's id): a run by hand (JupyterLab) that sets ``mode`` in the cell
+    to another mode takes that mode's file, the values the user changed in the cell winning
+    (`mode_values`); the names in ``namespace`` are updated to match. `localsgd reproduce`
+    injects the mode's file itself (``HEADLESS_ENV``), so there the cell's values stand.
     """
     table = {**RULES, **(rules or {})}
     seen = namespace.get(_SEEN)
@@ -321,6 +395,15 @@ def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None
         found = {name: value for name, value in namespace.items()
                  if not name.startswith("_") and name not in _IPYTHON_NAMES
                  and isinstance(value, _PARAMETER_TYPES)}
+        if notebook is not None and not headless():
+            if "mode" in found:
+                check(rules, mode=found["mode"])  # a bad mode says so before any file is read
+            found = mode_values(found, notebook)
+            if isinstance(namespace, dict):
+                namespace.update(found)  # later cells that read a bare name see the mode's
+            if found.get("mode") == "converged":  # its committed kept runs, as reproduce reads
+                os.environ.setdefault(RUNS_ENV, str(notebooks_dir().parent / "figures"
+                                                    / "converged" / "runs"))
     unknown = [name for name in found if name not in table]
     if unknown:
         hints = []

@@ -84,13 +84,6 @@ def slowmo_best() -> tuple[float, float, float]:
     return beta, *d[best]
 
 
-def converged_slowmo() -> tuple[float, ...]:
-    """Converged mode's SlowMo: (mean, sd) of H = 1 minus local SGD alone, then of SlowMo
-    β = 0.4 minus local SGD alone, paired by seed."""
-    d = slowmo_vs_local(CONVERGED_SLOWMO)
-    return (*d["H = 1 (average every update)"], *d["local SGD + SlowMo β=0.4, α=1"])
-
-
 def slowmo_mean_acc(variant: str) -> float:
     return slowmo_finals("slowmo").loc[variant].mean()
 
@@ -161,103 +154,10 @@ def timing_validation_errors() -> tuple[float, float]:
     return err.max(), err.median()
 
 
-def table03_gpu_cell() -> tuple[float, float]:
-    """(ours, the paper's) final test top-1 of the Table 3 cell one H100 ran at full scale."""
-    ours = pd.read_csv(FIG / "gpu" / "h100" / "table03_8x2_h1_hb16_seed0.csv")
-    src = pd.read_csv(ROOT / "papers" / "lin2020_local_sgd" / "reported.csv", dtype=str)
-    row = src[(src["artifact"] == "Table 3") & (src["setting"] == "8x2; H=1; Hb=16")
-              & (src["metric"] == "test top-1")]
-    return float(ours["test_acc"].iloc[-1]), float(row["value"].iloc[0])
-
-
-def converged_finals(name: str, by: str = "local_steps") -> pd.DataFrame:
-    """Each converged-mode run's final test top-1: a row per seed, a column per ``by`` (H), the
-    runs as trained (Figure 9's CSV repeats them per priced delay: the first delay's)."""
-    df = pd.read_csv(FIG / "converged" / f"{name}.csv")
-    if "delay_s" in df:
-        df = df[df["delay_s"] == df["delay_s"].min()]
-    return _finals_by_seed(df, by)
-
-
 def _finals_by_seed(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
     """Each run's last test top-1: a row per seed, a column per value (tuple) of ``by``."""
     by = [by] if isinstance(by, str) else by
     return df.sort_values("step").groupby(["seed", *by])["test_acc"].last().unstack(by)
-
-
-def converged_change(name: str, h: int) -> tuple[float, float]:
-    """(mean, sd) over seeds of the final test top-1 of H = h minus H = 1, paired by seed."""
-    finals = converged_finals(name)
-    gap = finals[h] - finals[1]
-    return float(gap.mean()), float(gap.std(ddof=1))
-
-
-def converged_table03() -> tuple[float, ...]:
-    """Converged mode's Table 3: the flat (H = 16, H^b = 1) runs' final test top-1 (min, max),
-    then (mean, sd) over seeds of (H, H^b) = (1, 16) and of (4, 4) minus it, paired by seed."""
-    df = pd.read_csv(FIG / "converged" / "table03_topologies.csv")
-    if df["topology"].nunique() != 1:  # the claim's cells are compared within one topology
-        raise ValueError(f"converged Table 3 ran {sorted(set(df['topology']))}: expected one")
-    finals = _finals_by_seed(df, ["H", "Hb"])
-    flat = finals[(16, 1)]
-    gaps = [finals[cell] - flat for cell in ((1, 16), (4, 4))]
-    return (float(flat.min()), float(flat.max()),
-            *(float(x) for g in gaps for x in (g.mean(), g.std(ddof=1))))
-
-
-def converged_table06() -> tuple[float, ...]:
-    """Converged mode's Table 6 (H = 1): local momentum 0.9's final test top-1 (min, max), then
-    (mean, sd) over seeds, paired by seed, of local 0.9 minus no momentum and of each global
-    momentum on top of local 0.9 (ascending) minus local 0.9 alone."""
-    df = pd.read_csv(FIG / "converged" / "table06_07_momentum.csv")
-    df = df[df["table"] == "Table 6"]
-    finals = _finals_by_seed(df, ["local_momentum", "global_momentum"])
-    local = finals[(0.9, 0.0)]
-    gaps = [local - finals[(0.0, 0.0)]] + [
-        finals[cell] - local for cell in sorted(finals.columns) if cell[0] == 0.9 and cell[1] > 0]
-    return (float(local.min()), float(local.max()),
-            *(float(x) for g in gaps for x in (g.mean(), g.std(ddof=1))))
-
-
-def table01_gaps(folder: str) -> tuple[float, ...]:
-    """Table 1's converged file as trained into ``folder`` under figures/ (``converged`` on the
-    CPU, ``gpu/h100/converged`` on one H100): at the largest B_glob, (mean, sd) over seeds of
-    local minus mini-batch SGD's final test top-1, paired by seed, without then with the tricks;
-    then mini-batch SGD's mean final train top-1 without, with them."""
-    df = pd.read_csv(FIG / folder / "table01_large_batch.csv")
-    top = df[df["B_glob"] == df["B_glob"].max()]
-    finals = _finals_by_seed(top, ["tricks", "method"])
-    train = top.sort_values("step").groupby(["tricks", "method", "seed"])["train_acc"].last()
-    out = []
-    for tricks in ("w/o tricks", "w/ tricks"):
-        gap = finals[(tricks, "local SGD")] - finals[(tricks, "mini-batch SGD")]
-        out += [float(gap.mean()), float(gap.std(ddof=1))]
-    return (*out, *(float(train[(t, "mini-batch SGD")].mean())
-                    for t in ("w/o tricks", "w/ tricks")))
-
-
-def converged_fig07(folder: str = "converged") -> tuple[float, ...]:
-    """Figure 7's verdicts (``folder`` under figures/; "" for quick mode): the target accuracy
-    (%), communication's share of H = 1's time at K = 16 on the measured axis (%), then the
-    ratios the verdicts print: H = 8's scaling advantage over H = 1 with Table 5's per-update
-    costs, and K = 8, H = 8's time-to-target advantage over K = 16, H = 1 measured and with
-    Table 5's costs."""
-    df = pd.read_csv(FIG / folder / "fig07_scaling.compare.csv")
-    rows = df[df["verdict"].notna()].set_index("metric")
-    scaling, ratio = rows.loc["scaling advantage"], rows.loc["time-to-accuracy ratio"]
-    table5 = r"with Table 5's per-update costs: [^:]+: ([\d.]+)x"
-    return (float(re.search(r"target ([\d.]+) %", scaling["note"])[1]),
-            float(re.search(r"communication is ([\d.]+) %", scaling["verdict"])[1]),
-            float(re.search(table5, scaling["verdict"])[1]),
-            float(re.match(r"[^:]+: ([\d.]+)x", ratio["verdict"])[1]),
-            float(re.search(table5, ratio["verdict"])[1]))
-
-
-def converged_outcome(name: str, metric: str) -> str:
-    """The verdict's outcome (its words before the colon) of a converged compare row."""
-    df = pd.read_csv(FIG / "converged" / f"{name}.compare.csv")
-    row = df[(df["metric"] == metric) & df["verdict"].notna()]
-    return str(row["verdict"].iloc[0]).split(":")[0]
 
 
 def blog_ranges() -> tuple[float, ...]:
@@ -285,49 +185,6 @@ NUM = r"(−?\d+(?:\.\d+)?)"
 CONVERGED_SLOWMO = "converged/slowmo"
 
 CHECKS: list[tuple[str, str, Callable[[], tuple[float, ...]]]] = [
-    # README's verdict
-    ("README.md", (rf"\"3× faster\" is matched \({NUM}×, within the stopping resolution\), its "
-                  rf"\"more than 2×\" does not hold \({NUM}×\)"),
-     lambda: (compare(FIG04, SET_256), compare(FIG04, SET_64))),
-    ("README.md", rf"and {NUM} of {NUM} Table 4 numbers reproduce", table04_reproduced),
-    ("README.md", rf"H = 1 ends at {NUM}–{NUM} %",
-     lambda: tuple(converged_finals("table05_models")[1].agg(["min", "max"]))),
-    ("README.md", rf"H = 8 moves test top-1 by {NUM} ± {NUM} points",
-     lambda: converged_change("table05_models", 8)),
-    ("README.md", rf"H = 16 by {NUM} ± {NUM} \(Fig", lambda: converged_change("fig06_cifar10_local_sgd", 16)),
-    ("README.md", rf"H = 2; H\^b = 1 ends at {NUM}–{NUM} %", lambda: tuple(
-        converged_finals("fig09_hierarchical", "block_steps")[1].agg(["min", "max"]))),
-    ("README.md", (rf"Table 3 \(2×2, H·H\^b = 16; H = 16, H\^b = 1 ends at {NUM}–{NUM} %\), "
-                   rf"H\^b = 16 and H\^b = 4 beat it by {NUM} ± {NUM} and {NUM} ± {NUM} points"),
-     converged_table03),
-    ("README.md", (rf"Table 6 \(K = 2, H = 1; local momentum 0\.9 ends at {NUM}–{NUM} %\) it beats none "
-                   rf"by {NUM} ± {NUM} points, and global momentum 0\.3 and 0\.9 on top of it change it by "
-                   rf"{NUM} ± {NUM} and {NUM} ± {NUM} \("), converged_table06),
-    ("README.md", rf"H\^b = 16 is slowed {NUM}× by \+50 s", lambda: (float(re.search(
-        r"by ([\d.]+)x \[", pd.read_csv(FIG / "converged" / "fig09_hierarchical.compare.csv")
-        ["verdict"].iloc[0])[1]),)),
-    ("README.md", rf"communication is {NUM} % of an update",
-     lambda: (float(re.search(r"communication is ([\d.]+) %", pd.read_csv(
-         FIG / "converged" / "fig06_cifar10_local_sgd.compare.csv")["verdict"].iloc[0])[1]),)),
-    ("README.md", rf"predicts real multi-process runs within {NUM} % \(8 runs",
-     lambda: (compare("timing_validation", "all runs", "max speed-up error"),)),
-    ("README.md", rf"hierarchical SGD {NUM}–{NUM} % below the blog", blog_gap_pct),
-    ("README.md", rf"best β = {NUM}: {NUM} ± {NUM} points vs local SGD alone, 3 seeds", slowmo_best),
-    ("README.md", (rf"H = 1 minus local SGD alone {NUM} ± {NUM} points, SlowMo β = 0.4 minus it "
-                   rf"{NUM} ± {NUM}"), converged_slowmo),
-    ("README.md", rf"compiled DDP ran at {NUM}–{NUM}× eager", dynamo_speed),
-    ("README.md", (rf"target {NUM} %\) communication is {NUM} % of H = 1's time at K = 16 here "
-                   rf"\(\*not testable\*\); with Table 5's per-update costs H = 8 scales {NUM}× "
-                   rf"better than H = 1 and reaches the target on 8 workers {NUM}× faster"),
-     lambda: tuple(converged_fig07()[i] for i in (0, 1, 2, 4))),
-    ("README.md", rf"on an H100 \(one seed\) ended at {NUM} % against the paper's {NUM} %",
-     table03_gpu_cell),
-    ("README.md", (rf"local SGD beats mini-batch SGD by {NUM} ± {NUM} points without the tricks and "
-                   rf"{NUM} ± {NUM} with them \(\*[a-z ]+\*\), but mini-batch SGD underfits \(train "
-                   rf"top-1 {NUM} % / {NUM} %\)"), lambda: table01_gaps("converged")),
-    ("README.md", (rf"beat mini-batch SGD at B_glob = 2048 by {NUM} ± {NUM} points without the tricks "
-                   rf"and {NUM} ± {NUM} with them, but mini-batch SGD underfits \(train top-1 "
-                   rf"{NUM} % / {NUM} %\)"), lambda: table01_gaps("gpu/h100/converged")),
     # docs/systems.md
     ("docs/systems.md", rf"speed-up was {NUM} % \(median {NUM} %;", timing_validation_errors),
     ("docs/systems.md", (rf"speed-ups are {NUM}–{NUM}× \(64 GPUs\), {NUM}–{NUM}× \(128\) and "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from localsgd.paper import ledger as ledger_mod
 from localsgd.paper.experiments.claims import MEANING, OUTCOMES
 from localsgd.paper.results import load_reported, write_text
 
@@ -438,51 +439,128 @@ def converged_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
                             ignore_index=True))
 
 
+def _label(source: str, artifact: str) -> str:
+    """A claim's short name in the README: "Fig. 6" for Lin et al., else "<source> <artifact>"."""
+    label = SOURCE_LABELS.get(source, source)
+    art = re.sub(r"^Figure ", "Fig. ", str(artifact))
+    return art if label == "Lin et al." else f"{label} {art}"
+
+
+def _outcome(verdict: object, rule: object) -> str:
+    """The short outcome of a verdict, marked when it was judged by the former rule."""
+    former = rule is None or (isinstance(rule, float) and math.isnan(rule)) or rule == ""
+    return short_verdict(verdict) + (f" ({FORMER_RULE})" if former else "")
+
+
+def ledger_rows(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
+    """`localsgd.paper.ledger.ledger` with the short ``outcome`` and our value as text."""
+    table = ledger_mod.ledger(papers_dir, figures_dir)
+    outcome = [(_outcome(r["verdict"], r["rule"]) if r["scale"] else r["verdict"])
+               for _, r in table.iterrows()]
+    ours = [(fmt_number(r["value"], 3) + (f" {r['unit']}" if r["unit"] else ""))
+            if r["scale"] and pd.notna(r["value"]) else "" for _, r in table.iterrows()]
+    return table.assign(outcome=outcome, ours=ours)
+
+
 def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
-    """README's table: claim · ours · scale · verdict, short cells. Every claim a notebook
-    tested (a converged proxy's verdict right below the same claim's quick one), every
-    artifact whose numbers are compared at full scale without a claim, and the project's own
-    checks."""
+    """README's claims table: claim · the paper's value · ours · scale · verdict, short cells.
+    Every ledger claim at each scale a notebook judged it (`ledger_rows`; the untested ones are
+    counted in the verdict lines and listed in REPORT), every artifact whose numbers are
+    compared at full scale without a claim, and the project's own checks."""
     table = joined(papers_dir, figures_dir)
     rows = []
-    tested = claims(table)
-    converged = converged_claims(papers_dir, figures_dir)
+    led = ledger_rows(papers_dir, figures_dir)
+    for _, c in led[led["scale"] != ""].iterrows():
+        rows.append({"claim": f"{_label(c['source'], c['artifact'])}: {_short(plain(c['claim']))}",
+                     "the paper's value": c["paper_value"] or "—", "ours": c["ours"] or "—",
+                     "scale": c["scale"], "verdict": c["outcome"]})
     for source, part in table.groupby("source", sort=False):
-        label = SOURCE_LABELS.get(source, source)
         for artifact, group in part.groupby("artifact", sort=False):
-            for found in (tested, converged):
-                for _, c in found[(found["source"] == label)
-                                  & (found["artifact"] == artifact)].iterrows():
-                    rows.append({"claim": f"{label}, {artifact}: {_short(c['claim'])}",
-                                 "ours": c["ours"], "scale": c["scale"],
-                                 "verdict": c["verdict"]})
             done = group[group["status"].isin([STATUS_FULL, STATUS_DIFFERS])
                          & ~group["setting row"]
                          & (group["verdict"].isna() | (group["verdict"].astype(str) == ""))]
             if not len(done):
                 continue
             same = int((done["status"] == STATUS_FULL).sum())
+            name = _label(source, artifact)
             if len(done) <= 2:  # a number or two: one row each
                 for _, r in done.iterrows():
-                    ours = fmt_number(pd.to_numeric(r["ours"], errors="coerce"))
                     rows.append({
-                        "claim": f"{label}, {artifact}: {r['metric']} at {r['setting']}",
-                        "ours": f"{ours} (source: {fmt_source(r['value'])})",
+                        "claim": f"{name}: {r['metric']} at {r['setting']}",
+                        "the paper's value": fmt_source(r["value"]),
+                        "ours": fmt_number(pd.to_numeric(r["ours"], errors="coerce")),
                         "scale": _scale_label(r),
                         "verdict": "reproduced" if r["status"] == STATUS_FULL
                         else "differs (see notes)"})
                 continue
-            rows.append({"claim": f"{label}, {artifact}: the source's numbers",
-                         "ours": f"{same} of {len(done)} numbers within tolerance",
+            rows.append({"claim": f"{name}: the source's numbers",
+                         "the paper's value": f"{len(done)} numbers",
+                         "ours": f"{same} of {len(done)} within tolerance",
                          "scale": _scale_label(done.iloc[0]),
                          "verdict": "reproduced" if same == len(done)
                          else f"{len(done) - same} of {len(done)} differ (see notes)"})
     for _, c in own_claims(papers_dir, figures_dir).iterrows():
         ours = fmt_number(pd.to_numeric(c["ours"], errors="coerce"), 3)
         rows.append({"claim": f"{OWN_LABEL}, {c['artifact']}: {_short(plain(c['claim']))}",
+                     "the paper's value": "—",
                      "ours": f"{ours} %" if "error" in str(c["metric"]) else ours,
                      "scale": _scale_label(c), "verdict": short_verdict(c["verdict"])})
-    return pd.DataFrame(rows, columns=["claim", "ours", "scale", "verdict"])
+    return pd.DataFrame(rows, columns=["claim", "the paper's value", "ours", "scale", "verdict"])
+
+
+MAX_WORDS = 40  # a README verdict line's
+VERDICT_SCALES = {"full": "Full scale", "converged proxy": "Converged proxy",
+                  "reduced": "Quick mode", "model": "Timing model"}
+
+
+def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
+    """The README's verdict in five lines of at most `MAX_WORDS` words each: per scale the
+    ledger's claims judged there, by outcome (with their artifacts while the line stays short);
+    then how many claims were not judged, and why."""
+    led = ledger_rows(papers_dir, figures_dir)
+    lines = []
+    for scale, name in VERDICT_SCALES.items():
+        part = led[led["scale"] == scale]
+        if not len(part):
+            lines.append(f"**{name}**: no claim judged.")
+            continue
+        groups = {o: [_label(r["source"], r["artifact"]) for _, r in g.iterrows()]
+                  for o, g in part.groupby("outcome", sort=False)}
+        order = sorted(groups, key=lambda o: (-len(groups[o]), o))
+        line = ""
+        for named in range(len(order), -1, -1):  # drop names from the smallest groups first
+            parts = [f"{o} {len(groups[o])}" + (
+                f" ({', '.join(dict.fromkeys(groups[o]))})" if i < named else "")
+                for i, o in enumerate(order)]
+            line = f"**{name}** ({len(part)} claims): " + "; ".join(parts) + "."
+            if len(line.split()) <= MAX_WORDS:
+                break
+        lines.append(line)
+    untested = led[led["scale"] == ""]["outcome"].value_counts()
+    lines.append(
+        f"**Not judged**: {int(untested.get(ledger_mod.NEVER, 0))} claims never tested, "
+        f"{int(untested.get(ledger_mod.UNAVAILABLE, 0))} need data not here (ImageNet, "
+        f"CIFAR-100), {int(untested.get(ledger_mod.UNJOINED, 0))} await a committed verdict; "
+        "nothing ran at the paper's own GPU scale.")
+    return lines
+
+
+def ledger_section(papers_dir: Path, figures_dir: Path) -> list[str]:
+    """REPORT's claim ledger: every claim of every source, where it was judged and how."""
+    led = ledger_rows(papers_dir, figures_dir)
+    if not len(led):
+        return []
+    show = pd.DataFrame({
+        "source": led["source"].map(lambda s: SOURCE_LABELS.get(s, s)),
+        "artifact": led["artifact"], "claim": led["claim"].map(plain),
+        "the paper's value": led["paper_value"].replace("", "—"),
+        "scale": led["scale"].replace("", "—"), "ours": led["ours"].replace("", "—"),
+        "outcome": led["outcome"],
+        "why": [w if not s else "" for w, s in zip(led["why"], led["scale"], strict=True)]})
+    return ["## Claim ledger", "",
+            ("Every claim of the four sources (`papers/<source>/claims.csv`), each at every "
+             "scale a notebook judged it; a claim never judged says why."), "",
+            _md_table(show), ""]
 
 
 def _short(text: str, limit: int = 90) -> str:
@@ -500,28 +578,37 @@ def _short(text: str, limit: int = 90) -> str:
     return best or text[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
+VERDICT_BEGIN, VERDICT_END = "<!-- verdict:begin -->", "<!-- verdict:end -->"
+GENERATED = ("<!-- generated by `localsgd report` from papers/*/claims.csv and "
+             "figures/*.compare.csv; do not edit -->")
+
+
 def readme_block(papers_dir: Path, figures_dir: Path) -> str:
-    """The README's results table with its markers (generated; do not edit by hand)."""
-    return "\n".join([
-        README_BEGIN,
-        "<!-- generated by `localsgd report` from figures/*.compare.csv; do not edit -->",
-        _md_table(results_table(papers_dir, figures_dir)),
-        README_END,
-    ])
+    """The README's claims table with its markers (generated; do not edit by hand)."""
+    return "\n".join([README_BEGIN, GENERATED,
+                      _md_table(results_table(papers_dir, figures_dir)), README_END])
+
+
+def verdict_block(papers_dir: Path, figures_dir: Path) -> str:
+    """The README's five-line verdict with its markers (generated; do not edit by hand)."""
+    lines = verdict_lines(papers_dir, figures_dir)
+    return "\n".join([VERDICT_BEGIN, GENERATED,
+                      *[f"{i}. {line}" for i, line in enumerate(lines, 1)], VERDICT_END])
 
 
 def update_readme(readme: Path, papers_dir: Path, figures_dir: Path) -> bool:
-    """Replace the README's marked results table; False (and nothing written) when the README
-    has no markers or already holds the current table."""
-    text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
+    """Replace the README's marked blocks (the verdict lines, the claims table); False (and
+    nothing written) when the README has none of the markers or already holds them current."""
+    text = original = readme.read_text()
+    for (begin, end), block in (((VERDICT_BEGIN, VERDICT_END), verdict_block),
+                                ((README_BEGIN, README_END), readme_block)):
+        if begin not in text or end not in text:
+            continue
+        head, rest = text.split(begin, 1)
+        text = head + block(papers_dir, figures_dir) + rest.split(end, 1)[1]
+    if text == original:
         return False
-    head, rest = text.split(README_BEGIN, 1)
-    tail = rest.split(README_END, 1)[1]
-    new = head + readme_block(papers_dir, figures_dir) + tail
-    if new == text:
-        return False
-    write_text(readme, new)
+    write_text(readme, text)
     return True
 
 
@@ -621,6 +708,7 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         lines += [f"- **{c.source}, {c.artifact}** ({c.claim}): {c.detail}"
                   for c in conv.itertuples(index=False)]
         lines += [""]
+    lines += ledger_section(papers_dir, figures_dir)
     own = own_claims(papers_dir, figures_dir)
     if len(own):
         own = own.assign(claim=own["claim"].map(plain), verdict=own["verdict"].map(plain))

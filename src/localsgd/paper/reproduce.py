@@ -8,10 +8,8 @@ parameters and a typo would silently run the default configuration.
 
 from __future__ import annotations
 
-import ast
 import difflib
 import functools
-import json
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +24,7 @@ from tqdm.auto import tqdm
 from localsgd.paper import profile as profile_mod
 from localsgd.paper import run_progress
 from localsgd.paper.bench.allocator import allocator_env
-from localsgd.paper.notebook import HEADLESS_ENV, ParameterError
+from localsgd.paper.notebook import HEADLESS_ENV, ParameterError, cell_defaults
 
 MODES = ("smoke", "quick", "paper", "converged")
 # modes only some notebooks have (a params file): run without --only, they select those
@@ -127,37 +125,12 @@ CLUSTER_ONLY = {
 
 
 def parameters_cell_names(nb_path: Path) -> dict[str, Any]:
-    """Names assigned in the notebook's single ``parameters`` cell, with their literal values.
-
-    Raises HarnessError when there is no such cell, more than one, or it is not plain Python.
-    """
-    try:  # an .ipynb is JSON: reading one cell needs no nbformat (gpu-check runs without it)
-        nb = json.loads(Path(nb_path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"{nb_path}: not a readable notebook: {exc}") from exc
-    cells = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"
-             and "parameters" in c.get("metadata", {}).get("tags", [])]
-    if not cells:
-        raise HarnessError(f"{nb_path}: no code cell tagged 'parameters'; tag the cell that "
-                           "defines the notebook's parameters (papermill needs it)")
-    if len(cells) > 1:
-        raise HarnessError(f"{nb_path}: {len(cells)} cells tagged 'parameters'; keep exactly one")
+    """Names assigned in the notebook's single ``parameters`` cell, with their literal values
+    (`localsgd.paper.notebook.cell_defaults`); a bad cell is a HarnessError."""
     try:
-        source = cells[0].get("source", "")
-        tree = ast.parse(source if isinstance(source, str) else "".join(source))
-    except SyntaxError as exc:
-        raise HarnessError(f"{nb_path}: the parameters cell is not valid Python: {exc}") from exc
-    names: dict[str, Any] = {}
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else (
-            [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else [])
-        for target in targets:
-            if isinstance(target, ast.Name):
-                try:
-                    names[target.id] = ast.literal_eval(node.value)
-                except ValueError:
-                    names[target.id] = None  # not a flat literal; still a defined name
-    return names
+        return cell_defaults(nb_path)
+    except ParameterError as exc:
+        raise HarnessError(str(exc)) from exc
 
 
 def discover(notebooks_dir: Path) -> dict[str, Path]:
