@@ -509,6 +509,9 @@ def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
 
 
 MAX_WORDS = 40  # a README verdict line's
+_RANK = {o: i for i, o in enumerate(("held", "did not hold", "model disagrees with the source",
+                                     "not testable at this budget", "inconclusive at this scale",
+                                     "not testable at this scale"))}
 VERDICT_SCALES = {"full": "Full scale", "converged proxy": "Converged proxy",
                   "reduced": "Quick mode", "model": "Timing model"}
 
@@ -526,9 +529,10 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
             continue
         groups = {o: [_label(r["source"], r["artifact"]) for _, r in g.iterrows()]
                   for o, g in part.groupby("outcome", sort=False)}
-        order = sorted(groups, key=lambda o: (-len(groups[o]), o))
+        # decisive outcomes first, and the last to lose their names when the line is long
+        order = sorted(groups, key=lambda o: (_RANK.get(o.split(" (")[0], len(_RANK)), o))
         line = ""
-        for named in range(len(order), -1, -1):  # drop names from the smallest groups first
+        for named in range(len(order), -1, -1):  # drop names from the least decisive first
             parts = [f"{o} {len(groups[o])}" + (
                 f" ({', '.join(dict.fromkeys(groups[o]))})" if i < named else "")
                 for i, o in enumerate(order)]
