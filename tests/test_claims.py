@@ -8,7 +8,6 @@ import pytest
 
 from localsgd.paper.experiments import claims as c
 
-
 O = c.ours("a test's threshold")
 
 

@@ -178,7 +178,7 @@ def test_fig06_speedup_claim_outcomes():
 
 def test_fig06_speedup_is_not_testable_where_communication_cannot_buy_3x():
     # communication 10 % of H = 1's time: removing all of it gives 1.11x at most
-    row, _ = fig06(fig06_runs([1.05, 1.08], comm_share=0.1))  # noqa: F841 (two seeds)
+    row, _ = fig06(fig06_runs([1.05, 1.08], comm_share=0.1))
     assert outcome(row) == c.NOT_TESTABLE
     assert "communication is 10 % of H = 1's time" in row["verdict"]
     assert "saving it gives at most 1.111x; the measured 1.06x comes from" in row["verdict"]

@@ -5,10 +5,10 @@ their records with the committed ones: numbers that change while RESULTS_VERSION
 
 import json
 
+import golden_records as golden
 import pandas as pd
 import pytest
 
-import golden_records as golden
 from localsgd.results_key import RESULTS_VERSION
 
 

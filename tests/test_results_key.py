@@ -59,8 +59,8 @@ def test_every_field_that_can_change_results_is_in_the_key():
     hierarchy = {"world_size": 4, "block_size": 2, "local_steps": 2, "block_steps": 2}
     base = TrainConfig(**hierarchy)
     # bases where the fields UNUSED_WHEN names are used
-    using = {"global_momentum": dict(momentum_scheme="hybrid"),
-             "slowmo_momentum": dict(slowmo_frequency=4), "slowmo_lr": dict(slowmo_frequency=4)}
+    using = {"global_momentum": {"momentum_scheme": "hybrid"},
+             "slowmo_momentum": {"slowmo_frequency": 4}, "slowmo_lr": {"slowmo_frequency": 4}}
     assert set(using) == set(UNUSED_WHEN)
     for field in dataclasses.fields(TrainConfig):
         here = dataclasses.replace(base, **using.get(field.name, {}))
@@ -146,9 +146,11 @@ def test_docstrings_private_names_and_new_fields_leave_every_kept_run_found(tmp_
                         '    """A new field at its default."""\n')
     config.write_text(text)
     loop = package / "train.py"
-    loop.write_text(re.sub(r"\b_steps\(", "_update_counts(", loop.read_text()))
+    loop.write_text(re.sub(r"\b_deferred_interrupt\b", "_interrupt_between_updates",
+                           loop.read_text()))
     *after, edited = _entry_names(tmp_path)
-    assert "outer_fragments" in config.read_text() and "_update_counts(" in loop.read_text()
+    assert "outer_fragments" in config.read_text()
+    assert "_interrupt_between_updates" in loop.read_text()
     assert edited != code  # the code changed: the old key (code in it) orphaned every run
     assert after == names  # the key by meaning finds them all
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
@@ -65,8 +65,8 @@ from localsgd.schedule import SyncSchedule
 from localsgd.train_config import TrainConfig
 from localsgd.train_state import LOOP_PHASES, Run, Totals
 
-__all__ = ["ENGINES", "LOOP_PHASES", "RunLimit", "TrainConfig", "build_engine", "evaluate",
-           "load_dataset", "lr_schedule", "train"]
+__all__ = ["ENGINES", "LOOP_PHASES", "EngineParts", "RunLimit", "TrainConfig", "build_engine",
+           "engine_parts", "evaluate", "load_dataset", "lr_schedule", "train", "update_counts"]
 
 
 
@@ -75,7 +75,7 @@ __all__ = ["ENGINES", "LOOP_PHASES", "RunLimit", "TrainConfig", "build_engine", 
 # ----------------------------------------------------------------------------------------------
 
 
-def _steps(cfg: TrainConfig, n_train: int) -> tuple[int, int]:
+def update_counts(cfg: TrainConfig, n_train: int) -> tuple[int, int]:
     """(updates per data epoch, total updates T) for ``n_train`` training images."""
     per_worker = n_train // cfg.world_size
     steps_per_epoch = per_worker // cfg.local_batch
@@ -91,7 +91,7 @@ def _steps(cfg: TrainConfig, n_train: int) -> tuple[int, int]:
 
 def lr_schedule(cfg: TrainConfig, n_train: int) -> LRSchedule:
     """§4.2.1 step decay with App. C's linear scaling and gradual warm-up when configured."""
-    _, total = _steps(cfg, n_train)
+    _, total = update_counts(cfg, n_train)
     peak = cfg.lr * cfg.world_size * cfg.local_batch / cfg.base_batch if cfg.scale_lr else cfg.lr
     warm = (warmup_iterations(n_train, cfg.world_size, cfg.local_batch, cfg.warmup_epochs)
             if cfg.warmup_epochs > 0 else 0)
@@ -123,24 +123,28 @@ def use_packed(cfg: TrainConfig, device: torch.device) -> bool:
         return packing.supports(models_mod.build_model(cfg.model, width=cfg.width))
 
 
-def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
-                 threads: int | None = None, **options: Any) -> Engine:
-    """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
-    ``cfg.batched``) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
-    (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
-    ``threads``: the sequential engine's host threads (default ``cfg.host_threads`` or 1;
-    `train` passes what `host_threads` resolved)."""
-    if kind not in ENGINES:
-        raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
-    if kind == "replicas" and options:
-        raise ValueError(f"options {sorted(options)} belong to the ddp engine, not the replicas")
-    if kind == "ddp" and cfg.peers_per_step != 1:
-        raise ValueError(f"peers_per_step={cfg.peers_per_step}: the ddp engine gossips with one "
-                         "peer per round; use peers_per_step=1 or the replicas engine")
-    if kind == "ddp" and cfg.batched is True:
-        raise ValueError("batched=True vmaps K replicas in one process; the ddp engine runs one "
-                         "worker per process: set batched=False (or 'auto')")
-    steps_per_epoch, _ = _steps(cfg, n_train)
+class EngineParts(NamedTuple):
+    """What an engine of ``cfg`` is built from (`engine_parts`): the model, the schedule, the
+    inner optimizer, the outer step, the learning-rate schedule, the seed and the averaging
+    options; `build_engine` hands them to one engine, `localsgd.train_runs` to one run's rows
+    of a pack."""
+
+    model_fn: Callable[[], nn.Module]
+    schedule: SyncSchedule
+    optimizer_fn: Callable[[Any], torch.optim.Optimizer]
+    outer: OuterUpdate | None
+    lr_schedule: LRSchedule
+    seed: int
+    average_buffers: bool
+    peers_per_step: int
+
+
+def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EngineParts:
+    """`EngineParts` of ``cfg`` for ``n_train`` training images and ``num_classes``: Algorithm
+    2's schedule (with the post-local and local-step warm-ups, SlowMo's or block momentum's outer
+    period, SGP), the local momentum of ``momentum_scheme`` (App. D), weight decay off the
+    BatchNorm coefficients (§4.1) and §4.2.1's lr schedule with App. C's tricks."""
+    steps_per_epoch, _ = update_counts(cfg, n_train)
     dtype = getattr(torch, cfg.dtype)
     schedule = SyncSchedule(
         cfg.topology(),
@@ -171,20 +175,42 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=local_m, dampening=0.0,
                                nesterov=cfg.nesterov and local_m > 0)
 
+    return EngineParts(model_fn, schedule, optimizer_fn, outer, lr_schedule(cfg, n_train),
+                       cfg.seed, cfg.average_buffers, cfg.peers_per_step)
+
+
+def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
+                 threads: int | None = None, **options: Any) -> Engine:
+    """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
+    ``cfg.batched``) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
+    (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
+    ``threads``: the sequential engine's host threads (default ``cfg.host_threads`` or 1;
+    `train` passes what `host_threads` resolved)."""
+    if kind not in ENGINES:
+        raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
+    if kind == "replicas" and options:
+        raise ValueError(f"options {sorted(options)} belong to the ddp engine, not the replicas")
+    if kind == "ddp" and cfg.peers_per_step != 1:
+        raise ValueError(f"peers_per_step={cfg.peers_per_step}: the ddp engine gossips with one "
+                         "peer per round; use peers_per_step=1 or the replicas engine")
+    if kind == "ddp" and cfg.batched is True:
+        raise ValueError("batched=True vmaps K replicas in one process; the ddp engine runs one "
+                         "worker per process: set batched=False (or 'auto')")
+    parts = engine_parts(cfg, n_train, num_classes)
     device = run_device(cfg)
     if kind == "ddp":
-        return DDPEngine(model_fn, schedule, optimizer_fn, outer=outer,
-                         lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
-                         average_buffers=cfg.average_buffers, device=device,
+        return DDPEngine(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
+                         lr_schedule=parts.lr_schedule, seed=parts.seed,
+                         average_buffers=parts.average_buffers, device=device,
                          num_classes=num_classes, **options)
     batched = use_batched(cfg, device)
     kw = ({"packed": cfg.packed, "compile": cfg.compile_replicas} if batched
           else {"threads": threads or max(1, cfg.host_threads)})
     engine_cls = BatchedReplicaEngine if batched else ReplicaEngine
-    return engine_cls(model_fn, schedule, optimizer_fn, outer=outer,
-                      lr_schedule=lr_schedule(cfg, n_train), seed=cfg.seed,
-                      average_buffers=cfg.average_buffers, peers_per_step=cfg.peers_per_step,
-                      device=device, **kw)
+    return engine_cls(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
+                      lr_schedule=parts.lr_schedule, seed=parts.seed,
+                      average_buffers=parts.average_buffers,
+                      peers_per_step=parts.peers_per_step, device=device, **kw)
 
 
 def host_threads(cfg: TrainConfig, device: torch.device, default_engine: bool = True) -> int:
@@ -385,7 +411,7 @@ def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkp
     ds = dataset if dataset is not None else load_dataset(cfg)
     source = (StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
               else MemoryBatches(ds, cfg, device))
-    steps_per_epoch, total = _steps(cfg, source.n_train)
+    steps_per_epoch, total = update_counts(cfg, source.n_train)
     if limit is not None:
         total = min(total, limit.updates)
         source.eval_limit = limit.eval_images

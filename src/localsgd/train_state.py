@@ -175,23 +175,35 @@ class Run:
 
     def update(self, parts: torch.Tensor, epoch: int, pos: int, limit: Any) -> None:
         """One local update of this process's workers on their batches of ``parts``."""
-        engine, tot, cfg = self.engine, self.tot, self.cfg
         t0 = time.perf_counter()
-        batches = [(x.to(getattr(torch, cfg.dtype), memory_format=self.layout), y) for x, y in
-                   self.source.batches(parts, epoch, pos, self.ranks, engine.generators,
-                                       cfg.local_batch)]
-        if limit is not None and limit.batch is not None:
-            batches = [(x[:limit.batch], y[:limit.batch]) for x, y in batches]
+        batches = self.batches(parts, epoch, pos, limit)
         t1 = time.perf_counter()
-        tot.data_seconds += t1 - t0
+        self.tot.data_seconds += t1 - t0
         self.phases["data"] += t1 - t0
         stats: dict = {}
         # bf16 autocast around the whole step: it only changes the forward's matmuls and
         # convolutions (backward follows their dtypes; SGD and averaging stay float32)
-        with numerics.autocast(cfg.precision, self.device):
-            losses, action = engine.step(batches, nn.functional.cross_entropy, stats=stats,
-                                         sync=False)
-        self.unread.add(losses, stats, time.perf_counter() - t1)
+        with numerics.autocast(self.cfg.precision, self.device):
+            losses, action = self.engine.step(batches, nn.functional.cross_entropy, stats=stats,
+                                              sync=False)
+        self.account(losses, stats, action, time.perf_counter() - t1)
+
+    def batches(self, parts: torch.Tensor, epoch: int, pos: int, limit: Any) -> list:
+        """This process's workers' mini-batches of update ``pos`` of ``epoch`` (``parts``: the
+        epoch's partition), in the run's dtype and layout, cut by ``limit``."""
+        cfg = self.cfg
+        batches = [(x.to(getattr(torch, cfg.dtype), memory_format=self.layout), y) for x, y in
+                   self.source.batches(parts, epoch, pos, self.ranks, self.engine.generators,
+                                       cfg.local_batch)]
+        if limit is not None and limit.batch is not None:
+            batches = [(x[:limit.batch], y[:limit.batch]) for x, y in batches]
+        return batches
+
+    def account(self, losses: torch.Tensor, stats: dict, action: Any, step_s: float) -> None:
+        """Book one update: its (unread) losses and stats, the host's ``step_s`` seconds in it
+        and the schedule's ``action``."""
+        tot = self.tot
+        self.unread.add(losses, stats, step_s)
         if action.level is not None:
             tot.sync[action.level] += 1
         if action.allreduce_grads_level is not None:
