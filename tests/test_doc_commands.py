@@ -204,6 +204,14 @@ RUNS = [
         "three notebooks, two of them skipped in paper mode (tests/test_dry_run.py runs every "
         "paper notebook dry)", _prints("fig08_imagenet", "dynamo_ddp", "torchrun")),
     Run(r"^localsgd reproduce --mode paper --plan$", check=_prints("TOTAL")),
+    Run(r"^localsgd campaign --plan$", check=_prints("15-minute stints", "TOTAL")),
+    Run(r"^localsgd campaign --device cuda --budget 10$",
+        "--toy --only table03-8x2-lr --figures figures",
+        "toy size on the CPU (--toy overrides the device) into the temporary folder, one entry "
+        "(tests/test_campaign.py trains, keeps, skips and renders)",
+        _all(_prints("campaign: 1 runs kept"), _files("figures/paper/runs/train-*.csv")),
+        needs_cifar=True),
+    Run(r"^localsgd campaign --render$", check=_prints("entries have all their runs kept")),
     Run(r"^make reproduce MODE=paper$", f'ARGS="--dry-run 2 {DRY_ONLY}"',
         "paper mode needs GPUs: its CPU dry run, on three notebooks", _prints("dry run")),
     Run(r"cifar10_resnet20 --device cuda --nodes 1 --procs-per-node 8 --out runs/r20",

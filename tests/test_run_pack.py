@@ -106,3 +106,22 @@ def test_runs_that_cannot_share_a_pack_say_why():
     with pytest.raises(ValueError, match="at least one"):
         check_packable([])
     check_packable([a, dataclasses.replace(a, seed=5, lr=0.3, local_steps=8, momentum=0.5)])
+
+
+def test_a_pack_past_its_deadline_stops_at_an_epochs_end_and_resumes(tmp_path):
+    import time
+
+    from localsgd.train_runs import OutOfTime
+
+    cfgs = _configs(K2[:2])
+    whole = train_runs(cfgs, dataset=_dataset(), progress=False)
+    ckpt = tmp_path / "pack.pt"
+    with pytest.raises(OutOfTime) as stop:
+        train_runs(cfgs, dataset=_dataset(), progress=False, checkpoint_path=ckpt,
+                   deadline=time.monotonic() - 1)
+    assert stop.value.update == 128 // (2 * 4) and stop.value.path == ckpt  # one epoch
+    rest = train_runs(cfgs, dataset=_dataset(), progress=False, checkpoint_path=ckpt)
+    for a, b in zip(rest, whole, strict=True):
+        _assert_same(a, b, "resumed after the deadline")
+    with pytest.raises(ValueError, match="deadline needs checkpoint_path"):
+        train_runs(cfgs, dataset=_dataset(), progress=False, deadline=0.0)

@@ -35,7 +35,16 @@ from localsgd.train import RunLimit, engine_parts, run_device, update_counts, us
 from localsgd.train_config import TrainConfig
 from localsgd.train_state import Run
 
-__all__ = ["PER_RUN", "check_packable", "train_runs"]
+__all__ = ["PER_RUN", "OutOfTime", "check_packable", "train_runs"]
+
+
+class OutOfTime(Exception):
+    """`train_runs` stopped at its ``deadline``, at an epoch's end, after saving the pack's
+    checkpoint (``path``): the next call with the same configurations resumes there."""
+
+    def __init__(self, path: Path, update: int, total: int):
+        super().__init__(f"time budget spent at update {update} of {total}; checkpoint {path}")
+        self.path, self.update, self.total = path, update, total
 
 # the fields runs of one pack may differ in: what a run does between its forward passes
 PER_RUN = frozenset({
@@ -70,14 +79,19 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
 def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | None = None,
                checkpoint_path: str | Path | None = None, checkpoint_every: int = 0,
                resume: bool = True, progress: bool = True,
-               limit: RunLimit | None = None) -> list[pd.DataFrame]:
+               limit: RunLimit | None = None,
+               deadline: float | None = None) -> list[pd.DataFrame]:
     """Train ``cfgs`` as one pack and return each run's records, as `localsgd.train.train`
     would for the run alone (its ``batched`` column says True: the pack is the batched engine,
     vmapped, or packed where ``packed`` says so on CUDA).
 
     ``checkpoint_path``: the pack's checkpoint, written every ``checkpoint_every`` epochs and on
     Ctrl-C, continued when ``resume`` and it holds these configurations. ``limit``: cut the runs
-    short (`localsgd.train.RunLimit`)."""
+    short (`localsgd.train.RunLimit`). ``deadline`` (a `time.monotonic` value, needs
+    ``checkpoint_path``): past it, at the next epoch's end, the checkpoint is written and
+    `OutOfTime` raised, so a GPU lent for minutes leaves work the next one resumes."""
+    if deadline is not None and checkpoint_path is None:
+        raise ValueError("deadline needs checkpoint_path: a run stopped by time resumes there")
     check_packable(cfgs)
     asked = list(cfgs)
     device = run_device(asked[0])
@@ -133,6 +147,10 @@ def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | 
                 if (checkpoint_path is not None and checkpoint_every and not partial
                         and epochs_done % checkpoint_every == 0):
                     save_checkpoint(checkpoint_path, _snapshot(runs))
+                if (deadline is not None and not partial and pack.t < total
+                        and time.monotonic() > deadline):
+                    save_checkpoint(checkpoint_path, _snapshot(runs))
+                    raise OutOfTime(Path(checkpoint_path), pack.t, total)
     except KeyboardInterrupt:
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, _snapshot(runs))

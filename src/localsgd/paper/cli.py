@@ -92,6 +92,9 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
     sub.add_parser("gpu-check", help="the first command on a GPU: doctor, a throughput sweep "
                    "and 50 updates of each paper notebook's first configuration, written to "
                    "figures/gpu/ (`localsgd gpu-check --help`)")
+    sub.add_parser("campaign", help="the paper's CIFAR runs at the paper's scale, packed, a "
+                   "budget of minutes at a time; --plan prices it in GPU stints "
+                   "(`localsgd campaign --help`)")
 
     if runner:
         from localsgd.runner import add_run_arguments  # deferred: imports torch (see above)
@@ -352,13 +355,17 @@ def _reproduce(args: argparse.Namespace) -> int:
         # figures/ holds what the mode's parameter files give; a changed parameter goes elsewhere
         raise ValueError("--set changes a notebook's parameters: give --out-dir (e.g. "
                          "build/try) so that figures/ keeps the mode's own results")
-    with _kept_runs(out_dir / "runs" if args.mode == "converged" else None):
+    # kept runs: converged mode's beside its figures; paper mode's in figures/paper/runs/,
+    # where `localsgd campaign` keeps what lent GPUs trained (also for a render elsewhere)
+    kept = {"converged": out_dir / "runs",
+            "paper": reference.parent / "paper" / "runs"}.get(args.mode)
+    with _kept_runs(kept):
         return _run_and_report(args, h, specs, sets, reference, base_dir, out_dir)
 
 
 @contextlib.contextmanager
 def _kept_runs(folder: Path | None) -> Iterator[None]:
-    """Converged mode keeps finished runs beside its figures (committed) and reads them back
+    """Converged and paper mode keep finished runs in a committed folder and read them back
     where the results cache lacks them (`grid.runs_dir`): a reproduction cut off on one machine
     goes on on another. The kernels inherit the variable; the old value comes back after."""
     if folder is None:
@@ -458,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         from localsgd.paper.gpu_check import main as gpu_check
 
         return gpu_check(argv[1:])
+    if argv[:1] == ["campaign"]:
+        from localsgd.paper.campaign import main as campaign
+
+        return campaign(argv[1:])
     args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)
     try:
         if args.command == "train":

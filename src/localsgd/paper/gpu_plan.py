@@ -370,11 +370,12 @@ def paper_items(notebooks_dir: str | Path, only: Sequence[str] | None = None,
 
 
 def paper_configs(notebooks_dir: str | Path, only: Sequence[str] | None = None,
-                  mode: str = "paper") -> dict[str, list]:
+                  mode: str = "paper", sets: dict[str, Any] | None = None) -> dict[str, list]:
     """The `TrainConfig` grid of every notebook that trains (or of ``only``'s), in the order
-    the notebook builds it; `localsgd.paper.gpu_check` runs the first of each."""
+    the notebook builds it, with ``sets`` over the mode's parameters (``reproduce --set``);
+    `localsgd.paper.gpu_check` runs the first of each, `localsgd.paper.campaign` all."""
     return {nb_id: list(dict.fromkeys(_GRIDS[nb_id](params)))
-            for nb_id, params in notebook_params(notebooks_dir, only, mode).items()
+            for nb_id, params in notebook_params(notebooks_dir, only, mode, sets).items()
             if nb_id in _GRIDS}
 
 

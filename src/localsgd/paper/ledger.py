@@ -46,10 +46,13 @@ def load_ledger(papers_dir: Path) -> pd.DataFrame:
 
 def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.DataFrame:
     """Every compare row with a claim and verdict under ``figures_dir``, its ``converged_dir``
-    and ``paper/`` subfolders; converged rows get the scale `CONVERGED`. A paper-mode row comes
-    before a quick-mode row of the same claim and scale."""
+    and ``paper/`` subfolders and the campaign's renders (``paper/campaign/<entry>/``);
+    converged rows get the scale `CONVERGED`. A paper-mode row comes before a quick-mode row of
+    the same claim and scale."""
     frames = []
-    for folder in (figures_dir, figures_dir / converged_dir, figures_dir / "paper"):
+    folders = [figures_dir, figures_dir / converged_dir, figures_dir / "paper",
+               *sorted((figures_dir / "paper" / "campaign").glob("*/"))]
+    for folder in folders:
         for path in sorted(Path(folder).glob("*.compare.csv")):
             df = pd.read_csv(path, dtype={"setting": str, "metric": str})
             if "claim" not in df or "verdict" not in df:

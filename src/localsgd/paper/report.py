@@ -97,11 +97,13 @@ README_END = "<!-- results:end -->"
 
 
 def load_ours(figures_dir: Path) -> pd.DataFrame:
-    """Every figure's comparison rows: ``<id>.compare.csv`` in ``figures_dir`` and in its
-    ``paper/`` subfolder (paper-mode runs). When both hold a number, the paper-mode one is used.
-    """
+    """Every figure's comparison rows: ``<id>.compare.csv`` in ``figures_dir``, in its
+    ``paper/`` subfolder (paper-mode runs) and in ``paper/campaign/<entry>/`` (a claim's
+    paper-scale runs, `localsgd.paper.campaign`). When both hold a number, the paper-mode one
+    is used."""
     paths = sorted(figures_dir.glob("*.compare.csv")) + sorted(
-        (figures_dir / "paper").glob("*.compare.csv"))
+        (figures_dir / "paper").glob("*.compare.csv")) + sorted(
+        (figures_dir / "paper" / "campaign").glob("*/*.compare.csv"))
     frames = [pd.read_csv(p, dtype={"setting": str, "metric": str}).assign(path=str(p))
               for p in paths]
     cols = [*KEY, "value", "unit", "mode", "scale", "rel_tol", "abs_tol", "figure", "claim",

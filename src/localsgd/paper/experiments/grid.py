@@ -36,7 +36,9 @@ __all__ = [
     "checkpoint_path",
     "dataset_available",
     "final_table",
+    "find_kept",
     "is_cached",
+    "keep_run",
     "pool_compute",
     "run_cached",
     "run_grid",
@@ -82,10 +84,25 @@ def is_cached(cfg: TrainConfig) -> bool:
 def _kept(cfg: TrainConfig, *, quiet: bool = False) -> Path | None:
     """``cfg``'s kept run in `runs_dir` if it is whole and ``cfg``'s (`_whole`)."""
     folder = runs_dir()
-    if folder is None:
-        return None
-    csv = folder / _entry(cfg).name
+    return None if folder is None else find_kept(cfg, folder, quiet=quiet)
+
+
+def find_kept(cfg: TrainConfig, folder: Path, *, quiet: bool = True) -> Path | None:
+    """The ``.csv`` of ``cfg``'s kept run in ``folder`` if it is whole and ``cfg``'s: its
+    ``.json`` is of this results version and names ``cfg``'s parameters, its records read."""
+    csv = Path(folder) / _entry(cfg).name
     return csv if _whole(csv, cfg, quiet=quiet) else None
+
+
+def keep_run(cfg: TrainConfig, records: pd.DataFrame, folder: Path, **provenance) -> Path:
+    """Write ``records`` as ``cfg``'s kept run in ``folder`` (the ``.json`` first, then the
+    ``.csv``, each atomically, as `results.cached` writes an entry), with `run_provenance`
+    and ``provenance`` (e.g. the pack it was trained in) in the ``.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    csv = folder / _entry(cfg).name
+    results.write_json({**run_provenance(cfg), **provenance}, csv.with_suffix(".json"))
+    results.write_csv(records, csv)
+    return csv
 
 
 _WARNED: set[tuple[str, str]] = set()
