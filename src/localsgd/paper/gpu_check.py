@@ -5,9 +5,11 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
    one-process NCCL group (`localsgd.paper.doctor`) -> ``doctor.json``.
 2. A throughput sweep of the CIFAR ResNet-20 (random inputs, so no data is needed): one model at
    batch B and at K * B, `ReplicaEngine` and `BatchedReplicaEngine` (its vmap path, ``batched``,
-   and its channel-packed one, ``packed``) with K replicas of batch B and H = 8, for each precision (``fp32`` = TF32 off, the paper's arithmetic; ``tf32``; ``bf16``
-   autocast) and input layout (NCHW, NHWC); images/s is the median of timed windows after
-   untimed warm-up steps -> ``sweep.csv``.
+   and its channel-packed one, ``packed``; compiled, ``packed_compiled``, in TF32 and bf16) with
+   K replicas of batch B and H = 8, and a `localsgd.engines.run_pack.RunPack` of K / 2 runs of
+   K = 2 (``runpack``: the campaign's packs), for each precision (``fp32`` = TF32 off, the
+   paper's arithmetic; ``tf32``; ``bf16`` autocast) and input layout (NCHW, NHWC); images/s is
+   the median of timed windows after untimed warm-up steps -> ``sweep.csv``.
 3. The training loop on the first configuration of every paper notebook that trains
    (`gpu_plan.paper_configs`), as paper mode builds it (``precision: auto``: TF32 on CUDA),
    for 50 updates after 5 untimed ones: where the
@@ -118,9 +120,29 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
                 e.step(batches, loss_fn, sync=False)  # as train() steps: no host read
         return step
 
+    def pack(fmt, precision: str, **kw: Any) -> Callable[[], None]:
+        # the campaign's case: k / 2 independent runs of K = 2 (`localsgd.train_runs`), each
+        # its own optimizer, schedule and lr, one packed forward and backward for all
+        from localsgd.engines.run_pack import RunPack
+        from localsgd.train import EngineParts
+
+        parts = [EngineParts(model_fn, SyncSchedule(Topology.from_paper(2, H_SWEEP)),
+                             optimizer_fn, None, None, r, True, 1) for r in range(k // 2)]
+        e = RunPack(parts, device=device, packed=True, **kw)
+        batches = [(x.contiguous(memory_format=fmt), y) for x, y in zip(xs, ys, strict=True)]
+
+        def step() -> None:
+            with autocast(precision, device):
+                e.step(batches, loss_fn)
+        return step
+
     out = []
     for precision in PRECISIONS:
         for layout, fmt in LAYOUTS.items():
+            if layout == "nchw" and precision != "fp32":  # torch.compile: 26 s to build each
+                out.append((precision, layout, f"packed_compiled_k{k}_b{b}",
+                            lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p,
+                                                              packed=True, compile=True), k * b))
             out += [
                 (precision, layout, f"single_b{b}",
                  lambda f=fmt, p=precision: single(b, f, p), b),
@@ -134,6 +156,8 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
                 (precision, layout, f"packed_k{k}_b{b}",  # channel groups (engines.packed)
                  lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p, packed=True),
                  k * b),
+                (precision, layout, f"runpack_r{k // 2}x2_b{b}",  # k/2 runs of K = 2, packed
+                 lambda f=fmt, p=precision: pack(f, p), k * b),
             ]
     return out
 
