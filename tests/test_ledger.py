@@ -118,10 +118,14 @@ def test_bad_ledger_files_fail_in_one_line(tmp_path):
 def test_unregistered_claims_are_found(checkout):
     papers, figures = checkout
     _compare(figures / "new.compare.csv", [{"claim": "a claim nobody listed",
-                                            "verdict": "held: x"},
+                                            "verdict": "held: x", "rule": claims.RULE},
                                            {"artifact": "Timing model vs runner",
-                                            "claim": "our own", "verdict": "held: y"}])
+                                            "claim": "our own", "verdict": "held: y",
+                                            "rule": claims.RULE},
+                                           {"claim": "an old claim", "verdict": "held: z"}])
     assert ledger.unregistered_claims(papers, figures) == ["a claim nobody listed"]
+    # a verdict of the former rule is an older text awaiting its notebook's next run
+    assert ledger.awaiting_rerun(figures) == {"new", "table01"}
 
 
 def test_the_committed_ledgers_cover_every_judged_claim():
@@ -130,8 +134,13 @@ def test_the_committed_ledgers_cover_every_judged_claim():
     sources = set(table["source"])
     assert sources == {"lin2020_local_sgd", "cruise_meta_hsgd_blog", "fairscale_slowmo",
                        "dynamo_ddp_update"}
-    # a tested claim whose text no committed verdict carries is a typo or a stale ledger
-    assert not (table["verdict"] == ledger.UNJOINED).any(), \
-        table.loc[table["verdict"] == ledger.UNJOINED, "claim"].tolist()
+    # a tested claim whose text no committed verdict carries is a typo or a stale ledger,
+    # unless its notebook's committed verdicts are of the former rule (runs not kept: judged
+    # again when it runs again; REPORT marks them)
+    waiting = ledger.awaiting_rerun(ROOT / "figures")
+    unjoined = table[table["verdict"] == ledger.UNJOINED]
+    stray = [c for c, why in zip(unjoined["claim"], unjoined["why"], strict=True)
+             if not any(f"notebooks/{nb}.ipynb" in why for nb in waiting)]
+    assert stray == [], stray
     untested = table[table["scale"] == ""]
     assert (untested["why"].str.len() > 3).all(), untested[untested["why"].str.len() <= 3]

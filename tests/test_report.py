@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from localsgd.paper import report
+from localsgd.paper.experiments import claims
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,6 +44,16 @@ def folders(tmp_path):
         ("Figure 9", "panel=c", "Hb that overcomes the delay", 16, "", ""),  # claim, nan
         ("Overview", "slow momentum step", "slowmo_frequency (typical)", 48, "iterations", ""),
     ])
+    # the claim ledger: the claims the verdicts below judge
+    pd.DataFrame([
+        {"id": i, "artifact": a, "claim": c, "quantity": "q", "paper_value": v,
+         "status": "tested", "why": "notebooks/x.ipynb"}
+        for i, (a, c, v) in enumerate([
+            ("Table 1", "local SGD generalises better", "3.2"),
+            ("Figure 9", "H^b = 16 overcomes a 50 s delay", "16"),
+            ("Overview", "SlowMo restores quality", ""),
+            ("Speedup chart", "2.08-2.45x on 64 GPUs", "2.08-2.45")])]).to_csv(
+        papers / "lin2020_local_sgd" / "claims.csv", index=False)
     _compare(figs, "full", [
         {"artifact": "Table 3", "setting": "H=1; Hb=16",
          "metric": "syncs within node per 16 updates", "value": 15},
@@ -154,15 +165,17 @@ def test_rendered_report(folders):
 
 def test_readme_table_is_short_and_plain(folders, tmp_path):
     table = report.results_table(*folders)
-    assert list(table.columns) == ["claim", "ours", "scale", "verdict"]
+    assert list(table.columns) == ["claim", "the paper's value", "ours", "scale", "verdict"]
     assert table.map(lambda c: len(str(c))).to_numpy().max() <= 160
-    assert set(table["verdict"]) >= {"held", "did not hold", "below the source's range"}
+    assert set(table["verdict"]) >= {"held (former rule)", "did not hold (former rule)",
+                                     "below the source's range (former rule)"}
     assert not table.map(lambda c: "nan" in str(c)).to_numpy().any()
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{report.README_BEGIN}\nOLDTABLE\n{report.README_END}\n\nafter\n")
     report.write_report(*folders, out=tmp_path / "REPORT.md", readme=readme)
     text = readme.read_text()
-    assert "OLDTABLE" not in text and text.endswith("\n\nafter\n") and "| claim | ours |" in text
+    assert "OLDTABLE" not in text and text.endswith("\n\nafter\n")
+    assert "| claim | the paper's value | ours |" in text
     assert not report.update_readme(readme, *folders)  # already current
 
 
@@ -188,7 +201,8 @@ def test_a_converged_claim_on_a_setting_the_source_lacks_still_shows(tmp_path):
     pd.DataFrame([{"artifact": "Table 3", "setting": "2x2; H=16; Hb=1", "metric": "test top-1",
                    "value": 72.78, "unit": "%", "note": "n", "claim": "on 2x2, H^b > 1 wins",
                    "verdict": "held: gains +2.04 and +1.56 points", "scale": "converged",
-                   "mode": "converged", "figure": "table03_topologies"}]).to_csv(
+                   "mode": "converged", "figure": "table03_topologies",
+                   "rule": claims.RULE}]).to_csv(
         folder / "table03_topologies.compare.csv", index=False)
     papers = Path(__file__).resolve().parents[1] / "papers"
     rows = report.converged_claims(papers, tmp_path / "figures")

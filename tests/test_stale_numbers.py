@@ -36,7 +36,7 @@ def test_quoted_number_equals_the_figure(path, pattern, compute):
 
 def test_refresh_rewrites_a_stale_number_as_the_text_rounds_it(tmp_path):
     # a copy of the quoting files with one number made stale across a line break
-    path, pattern, _ = next(c for c in CHECKS if "predicts real multi-process" in c[1])
+    path, pattern, _ = next(c for c in CHECKS if "speed-up was" in c[1])
     for p in dict.fromkeys(c[0] for c in CHECKS):
         (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / p, tmp_path / p)
@@ -44,12 +44,12 @@ def test_refresh_rewrites_a_stale_number_as_the_text_rounds_it(tmp_path):
     m = pn._raw_pattern(pattern).search(text)
     q = m.group(1)
     stale_text = text[:m.start(1)] + "99." + "9" * pn._decimals(q) + text[m.end(1):]
-    (tmp_path / path).write_text(stale_text.replace("multi-process runs", "multi-process\nruns"))
+    (tmp_path / path).write_text(stale_text.replace("speed-up was", "speed-up\nwas"))
     assert any(line.startswith(f"{path} quotes 99.") for line in pn.stale(tmp_path))
     changed = pn.refresh(tmp_path)
     assert changed == [f"{path}: 99.{'9' * pn._decimals(q)} -> {q}"]
     assert pn.stale(tmp_path) == []
-    assert "multi-process\nruns" in (tmp_path / path).read_text()  # the line break kept
+    assert "speed-up\nwas" in (tmp_path / path).read_text()  # the line break kept
 
 
 def test_refresh_leaves_a_number_it_cannot_compute_and_says_why(tmp_path, monkeypatch):

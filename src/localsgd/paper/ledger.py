@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-__all__ = ["COLUMNS", "NEVER", "STATUSES", "TESTED", "UNAVAILABLE", "UNJOINED", "ledger",
-           "load_ledger", "unregistered_claims", "verdict_rows"]
+__all__ = ["COLUMNS", "NEVER", "STATUSES", "TESTED", "UNAVAILABLE", "UNJOINED",
+           "awaiting_rerun", "ledger", "load_ledger", "unregistered_claims", "verdict_rows"]
 
 COLUMNS = ["id", "artifact", "claim", "quantity", "paper_value", "status", "why"]
 TESTED, NEVER, UNAVAILABLE = "tested", "never tested", "data unavailable"
@@ -98,8 +98,18 @@ def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
 
 def unregistered_claims(papers_dir: Path, figures_dir: Path) -> list[str]:
     """Claims a notebook judges that no source's ledger lists (this project's own checks,
-    `OWN_ARTIFACTS`, have no source and are left out)."""
+    `OWN_ARTIFACTS`, have no source and are left out, and so are verdicts of the former rule:
+    the claim texts of older code, until their notebook runs again, `awaiting_rerun`)."""
     rows = verdict_rows(Path(figures_dir))
+    rows = rows[rows["rule"].notna()]
     known = set(load_ledger(papers_dir)["claim"])
     return sorted({c for c, a in zip(rows["claim"], rows["artifact"], strict=True)
                    if c not in known and a not in OWN_ARTIFACTS})
+
+
+def awaiting_rerun(figures_dir: Path) -> set[str]:
+    """The notebooks (figure ids) some of whose committed verdicts were judged by the former
+    rule: their runs were not kept, so they are judged again when they run again."""
+    rows = verdict_rows(Path(figures_dir))
+    return {Path(p).name.removesuffix(".compare.csv")
+            for p in rows.loc[rows["rule"].isna(), "path"]}
