@@ -11,6 +11,9 @@ REPO = Path(__file__).resolve().parents[1]
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # Decoded datasets are worth sharing between tests; result caches are not.
     monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    # no test reads or writes the committed kept runs (figures/*/runs/) unless it sets its own
+    # folder (grid.RUNS_ENV; empty: none), nor leaves one set for the tests after it
+    monkeypatch.setenv("LOCALSGD_RUNS", "")
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from unittest import mock
 
 import nbformat
 import pytest
@@ -194,25 +195,27 @@ def test_setting_mode_in_the_cell_takes_that_modes_file(nb_id, monkeypatch):
     from localsgd.paper import notebook
 
     monkeypatch.delenv(notebook.HEADLESS_ENV, raising=False)
-    monkeypatch.delenv(notebook.RUNS_ENV, raising=False)
     file = yaml.safe_load((NOTEBOOKS / "params" / nb_id / "converged.yaml").read_text())
     namespace = _cell_namespace(nb_id, mode="converged")
-    P = notebook.params(namespace, notebook=nb_id)
+    with mock.patch.dict(os.environ):  # params sets the kept runs' folder: not for later tests
+        os.environ.pop(notebook.RUNS_ENV, None)
+        P = notebook.params(namespace, notebook=nb_id)
+        runs = os.environ[notebook.RUNS_ENV]
     for name, value in file.items():
         assert getattr(P, name) == value, name
         assert namespace[name] == value, name  # a later cell reading the bare name sees it too
     # converged mode reads the committed kept runs, as `localsgd reproduce` does
-    assert os.environ[notebook.RUNS_ENV].endswith("figures/converged/runs")
+    assert runs.endswith("figures/converged/runs")
 
 
 def test_the_users_edits_win_over_the_mode_file(monkeypatch):
     from localsgd.paper import notebook
 
     monkeypatch.delenv(notebook.HEADLESS_ENV, raising=False)
-    monkeypatch.delenv(notebook.RUNS_ENV, raising=False)
     nb_id = "table05_models"
     defaults = notebook.cell_defaults(NOTEBOOKS / f"{nb_id}.ipynb")
-    P = notebook.params(_cell_namespace(nb_id, mode="converged", n_seeds=2), notebook=nb_id)
+    with mock.patch.dict(os.environ):  # params sets the kept runs' folder: not for later tests
+        P = notebook.params(_cell_namespace(nb_id, mode="converged", n_seeds=2), notebook=nb_id)
     assert P.n_seeds == 2 and P.epochs == 20.0  # the edit, then the file's epochs
     assert defaults["epochs"] != 20.0
     # the cell's own mode takes no file; a mode without one is one line naming those with one

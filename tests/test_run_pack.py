@@ -7,11 +7,11 @@ a run that diverges leaves the others alone; a pack cut off resumes bitwise."""
 import dataclasses
 import math
 
+import golden_records as golden
 import pandas as pd
 import pytest
 import torch
 
-import golden_records as golden
 from localsgd import data
 from localsgd.train import RunLimit, TrainConfig, train
 from localsgd.train_runs import check_packable, train_runs

@@ -139,7 +139,8 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
     out = []
     for precision in PRECISIONS:
         for layout, fmt in LAYOUTS.items():
-            if layout == "nchw" and precision != "fp32":  # torch.compile: 26 s to build each
+            if layout == "nchw" and precision != "fp32" and device.type == "cuda":
+                # torch.compile of the packed step: ~26 s to build each, GPUs only
                 out.append((precision, layout, f"packed_compiled_k{k}_b{b}",
                             lambda f=fmt, p=precision: engine(BatchedReplicaEngine, f, p,
                                                               packed=True, compile=True), k * b))
