@@ -76,7 +76,7 @@ ENGINE_VALUES = {"sequential": {"batched": False}, "vmap": {"batched": True, "pa
 
 
 def config(name: str):
-    from localsgd.train import TrainConfig
+    from localsgd.train_config import TrainConfig
 
     engine, values = RUNS[name]
     return TrainConfig(**{**TINY, **values, **ENGINE_VALUES[engine]})

@@ -7,13 +7,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from localsgd.averaging import (
-    FlatBuffer,
-    HierarchicalAverager,
-    PeriodicAverager,
-    contiguous_blocks,
-)
-from localsgd.collectives import _adoptable
+from localsgd.averaging import HierarchicalAverager, PeriodicAverager
+from localsgd.collectives import FlatBuffer, _adoptable, contiguous_blocks
 from localsgd.distributed import spawn
 
 
@@ -61,7 +56,8 @@ def _checks(rank: int, world: int) -> dict:
     )
     from torch.distributed.optim import PostLocalSGDOptimizer
 
-    from localsgd.schedule import SyncSchedule, Topology
+    from localsgd.schedule import SyncSchedule
+    from localsgd.topology import Topology
 
     out = {}
 

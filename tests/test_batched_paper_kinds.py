@@ -12,7 +12,8 @@ import pytest
 
 from localsgd import data
 from localsgd.paper import gpu_plan
-from localsgd.train import TrainConfig, train
+from localsgd.train import train
+from localsgd.train_config import TrainConfig
 
 NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
 KIND = {  # what makes a schedule kind (values such as H or beta do not)

@@ -4,9 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine, make_engine
+from localsgd.engines.batched import BatchedReplicaEngine
+from localsgd.engines.replicas import ReplicaEngine, make_engine
 from localsgd.outer import OuterUpdate
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 torch.set_num_threads(1)
 K, B, C = 4, 6, 3  # workers, local batch, classes

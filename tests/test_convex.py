@@ -19,7 +19,7 @@ from localsgd.convex.simulator import (
     simulate,
 )
 from localsgd.paper.experiments.convex import Config, time_units, tune
-from localsgd.schedule import Topology
+from localsgd.topology import Topology
 
 torch.set_num_threads(1)
 

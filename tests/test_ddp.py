@@ -22,7 +22,8 @@ import torch
 
 from localsgd import data
 from localsgd.distributed import spawn
-from localsgd.train import TrainConfig, build_engine, train
+from localsgd.train import build_engine, train
+from localsgd.train_config import TrainConfig
 
 K, STEPS = 4, 20
 # 320 images / 4 workers / B_loc 8 = 10 updates per epoch; 2 epochs = 20 updates; warm-up 2
@@ -78,7 +79,7 @@ EARLY_UPDATES = {"float32": 3, "float32_short": 4}
 #   catch a defect in one engine's float32 path (that defect enlarges the right-hand side as
 #   much as the left). The early comparisons are what catch those.
 CHAOS_C = 1.5
-# Planted defects (2026-11-23; each put into src/localsgd/ddp.py, this test run, then removed):
+# Planted defects (2026-11-23; each put into the DDP engine, this test run, then removed):
 # (i) BatchNorm running statistics never updated in DDP's float32 runs (saved before the
 #     forward, restored after the backward): fails "float32: update 1, worker 0: buffers
 #     differ by up to 0.641" (tolerance 1e-6). The end-state ratios stay 0.99 / 1.04 / 1.04
@@ -318,8 +319,7 @@ def test_sigkill_dead_worker_corrupt_checkpoint_and_exact_resume(tmp_path):
     ckpts = run / "checkpoints"
 
     def start(*extra: str) -> subprocess.Popen:
-        # the runner's old launch command (`localsgd.ddp`, an alias of `localsgd.runner`)
-        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.ddp",
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.runner",
                "--no-progress", *common, "--out", str(run), *extra]
         return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -426,7 +426,7 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
 def test_config_from_yaml_and_flags_is_checked_before_launch(tmp_path):
     import argparse
 
-    from localsgd.runner import add_run_arguments, resolve_config
+    from localsgd.runner_args import add_run_arguments, resolve_config
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)
@@ -544,7 +544,7 @@ def test_sweep_entries_are_checked_before_launch(tmp_path):
 
     import yaml
 
-    from localsgd.runner import add_run_arguments, sweep_runs
+    from localsgd.runner_args import add_run_arguments, sweep_runs
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)
@@ -600,7 +600,7 @@ def test_runner_applies_the_device_rule_before_any_process_group(tmp_path, monke
 def test_runner_places_cuda_on_the_local_rank(monkeypatch):
     from localsgd import device as device_rule
     from localsgd.runner import _placed
-    from localsgd.train import TrainConfig
+    from localsgd.train_config import TrainConfig
 
     monkeypatch.setattr(device_rule, "cuda_facts", lambda: (True, 4))
     monkeypatch.setenv("LOCAL_RANK", "3")

@@ -12,7 +12,8 @@ from localsgd.distributed import spawn
 from localsgd.engines.common import worker_generator
 from localsgd.engines.replicas import ReplicaEngine
 from localsgd.outer import OuterUpdate
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 SEED, STEPS, K = 3, 20, 4
 

@@ -16,7 +16,7 @@ from localsgd.paper.experiments.lin2020 import (
     update_and_sync_counts,
 )
 from localsgd.paper.experiments.slowmo import slowmo_configs, slowmo_summary
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 
 def test_fit_recovers_known_costs_from_synthetic_times():

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from localsgd.distributed import spawn
-from localsgd.engines.replicas import ReplicaCommunicator
-from localsgd.schedule import Topology
+from localsgd.engines.replica_stack import ReplicaCommunicator
+from localsgd.topology import Topology
 
 K, ROUNDS = 4, 6
 

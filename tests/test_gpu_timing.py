@@ -44,7 +44,8 @@ class FakeGPUClock:
 
 def _two_updates_with_an_average(rank, world):
     from localsgd.engines.ddp import DDPEngine
-    from localsgd.schedule import SyncSchedule, Topology
+    from localsgd.schedule import SyncSchedule
+    from localsgd.topology import Topology
 
     engine = DDPEngine(lambda: nn.Linear(3, 2), SyncSchedule(Topology.from_paper(world, 2)),
                        lambda ps: torch.optim.SGD(ps, lr=0.1), seed=0)

@@ -145,3 +145,36 @@ def test_public_names_come_from_their_modules():
 
 def test_all_lists_exactly_the_exports():
     assert sorted(localsgd.__all__) == sorted(["__version__", *localsgd._EXPORTS])
+
+
+def _public(tree: ast.Module) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return []
+
+
+def test_no_name_is_re_exported_from_a_second_module():
+    # one address per name (CHANGELOG.md): a module's __all__ lists only what it defines;
+    # a package's __init__ is its face and the package root maps names to their homes
+    second = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text())
+        imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                    and (node.module or "").startswith("localsgd") for a in node.names}
+        second += [f"{path.relative_to(SRC)}: {n}" for n in _public(tree) if n in imported]
+    assert second == [], second
+    # the package root's names point at the module that defines each (or a subpackage: its
+    # __init__ is its face)
+    for name, module in localsgd._EXPORTS.items():
+        file = Path(importlib.import_module(module).__file__)
+        if file.name == "__init__.py":
+            continue
+        tree = ast.parse(file.read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)}
+        assert name in defined, f"localsgd.{name} points at {module}, which imports it"

@@ -14,9 +14,11 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+from localsgd.engines.batched import BatchedReplicaEngine
+from localsgd.engines.replicas import ReplicaEngine
 from localsgd.models import build_model
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 
 def top_level_ops(cls, k: int, steps: int = 2, **kw) -> int:

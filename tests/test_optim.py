@@ -8,7 +8,8 @@ from torch import nn
 
 from localsgd.distributed import spawn
 from localsgd.outer import OuterUpdate
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 STEPS, SAVE_AT = 12, 5
 

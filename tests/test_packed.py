@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from localsgd.engines import packed as packing
-from localsgd.engines.replicas import BatchedReplicaEngine
+from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.models import build_model
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpoint
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 WORLD = 4
 CFG = TrainConfig.from_dict({"world_size": WORLD})

@@ -6,9 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from localsgd.engines.replicas import ReplicaCommunicator, ReplicaEngine
+from localsgd.engines.replica_stack import ReplicaCommunicator
+from localsgd.engines.replicas import ReplicaEngine
 from localsgd.outer import OuterUpdate, slowmo
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 torch.set_num_threads(1)
 D, B = 5, 4  # input dimension, local batch size
@@ -304,7 +306,8 @@ def test_every_parameter_starts_aligned_and_the_gaps_stay_zero(batched, gossip):
     """cuDNN's channels-last kernels failed with "misaligned address" on replica 1 of ResNet-20
     (row 1 started 8 bytes past a 16-byte boundary; figures/gpu/): every tensor's view of the
     flat stack starts on a multiple of FLAT_ALIGN elements (256 B here), and averaging, gossip and SlowMo leave the gaps 0."""
-    from localsgd.engines.replicas import FLAT_ALIGN, BatchedReplicaEngine
+    from localsgd.engines.batched import BatchedReplicaEngine
+    from localsgd.engines.replica_stack import FLAT_ALIGN
 
     def odd():  # 5*7+7 = 42 and 7+1 = 8 elements: nothing lands aligned by itself
         return nn.Sequential(nn.Linear(D, 7), nn.Tanh(), nn.Linear(7, 1))

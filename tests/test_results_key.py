@@ -23,7 +23,7 @@ from localsgd.results_key import (
     same_run,
 )
 from localsgd.results_key import results_key as key_of
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "figures" / "converged" / "runs"

@@ -19,7 +19,8 @@ import torch
 from localsgd import data, numerics
 from localsgd.checkpoint import load_checkpoint
 from localsgd.engines.common import set_cuda_rng_state, to_device
-from localsgd.train import TrainConfig, build_engine, train
+from localsgd.train import build_engine, train
+from localsgd.train_config import TrainConfig
 
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
 # block (global) momentum: the outer step keeps an anchor and a momentum buffer between averages

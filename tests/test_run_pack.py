@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from localsgd import data
-from localsgd.train import RunLimit, TrainConfig, train
+from localsgd.train import RunLimit, train
+from localsgd.train_config import TrainConfig
 from localsgd.train_runs import check_packable, train_runs
 
 # the golden runs' configurations: every schedule kind, two packs (K = 2 and K = 4)

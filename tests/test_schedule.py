@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from localsgd.schedule import Action, Level, SyncDriver, SyncSchedule, Topology
+from localsgd.schedule import Action, SyncDriver, SyncSchedule
+from localsgd.topology import Level, Topology
 
 
 def levels(schedule, steps):

@@ -8,7 +8,8 @@ from torch import nn
 from localsgd import data
 from localsgd.batch_sources import combine_eval, eval_batches, evaluate
 from localsgd.distributed import spawn
-from localsgd.train import TrainConfig, build_engine, train
+from localsgd.train import build_engine, train
+from localsgd.train_config import TrainConfig
 
 
 def test_shards_add_up_bitwise_to_the_whole_test_set():

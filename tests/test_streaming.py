@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from localsgd import data
-from localsgd.train import TrainConfig, train
+from localsgd.train import train
+from localsgd.train_config import TrainConfig
 
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
 

@@ -14,7 +14,9 @@ from localsgd.checkpoint import load_checkpoint
 from localsgd.paper.experiments.grid import pool_compute, speedup_table, time_to_accuracy
 from localsgd.paper.experiments.lin2020 import step_costs_from_running_times
 from localsgd.timing.cluster import Cluster, modelled_time
-from localsgd.train import LOOP_PHASES, RunLimit, TrainConfig, build_engine, train
+from localsgd.train import RunLimit, build_engine, train
+from localsgd.train_config import TrainConfig
+from localsgd.train_state import LOOP_PHASES
 
 # columns that hold wall-clock measurements: everything else must repeat bitwise
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")

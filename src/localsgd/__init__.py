@@ -14,8 +14,10 @@ Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), s
 * time models: `localsgd.timing`; the convex simulator: `localsgd.convex`;
 * the reproduction, built on the library and never imported by it (the ``[paper]`` extra):
   `localsgd.paper` -- per-source experiments, benchmarks, the notebook harness, the report and
-  the `localsgd` command (docs/layout.md). ``run_cached`` below, the results cache, lives
-  there (`localsgd.paper.experiments.grid`): exported here so the name keeps working.
+  the `localsgd` command (docs/layout.md); its results cache is
+  `localsgd.paper.experiments.grid.run_cached`.
+
+Each public name has one address besides this one: the module that defines it (CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -29,10 +31,10 @@ __version__ = "0.1.0"
 # (``from localsgd.train import train``), and a submodule's import rebinds the package attribute.
 _EXPORTS = {
     "Action": "localsgd.schedule",
-    "Level": "localsgd.schedule",
+    "Level": "localsgd.topology",
     "SyncDriver": "localsgd.schedule",
     "SyncSchedule": "localsgd.schedule",
-    "Topology": "localsgd.schedule",
+    "Topology": "localsgd.topology",
     "OuterUpdate": "localsgd.outer",
     "LRSchedule": "localsgd.lr",
     "LocalSGDOptimizer": "localsgd.optim",
@@ -43,17 +45,16 @@ _EXPORTS = {
     "init_from_env": "localsgd.distributed",
     "Engine": "localsgd.engines",
     "ReplicaEngine": "localsgd.engines.replicas",
-    "BatchedReplicaEngine": "localsgd.engines.replicas",
+    "BatchedReplicaEngine": "localsgd.engines.batched",
     "DDPEngine": "localsgd.engines.ddp",
-    "TrainConfig": "localsgd.train",
+    "TrainConfig": "localsgd.train_config",
     "build_engine": "localsgd.train",
-    "run_cached": "localsgd.paper.experiments.grid",
     "load_checkpoint": "localsgd.checkpoint",
     "save_checkpoint": "localsgd.checkpoint",
     "build_model": "localsgd.models",
     "load_image_dataset": "localsgd.data",
     "Cluster": "localsgd.timing.cluster",
-    "Scheme": "localsgd.timing.simulate",
+    "Scheme": "localsgd.timing.scheme",
     "Stragglers": "localsgd.timing.stragglers",
     "simulate": "localsgd.timing.simulate",
 }
@@ -84,7 +85,6 @@ __all__ = [  # the keys of _EXPORTS (tests/test_imports.py checks both)
     "init_from_env",
     "load_checkpoint",
     "load_image_dataset",
-    "run_cached",
     "save_checkpoint",
     "simulate",
     "spawn",

@@ -21,8 +21,8 @@ What differs from ``torch.distributed.algorithms.model_averaging.utils.average_p
 * per-level process groups are built once with ``dist.new_group`` (works on gloo/CPU, unlike
   ``dist.new_subgroups``' CUDA-based default).
 
-The flat buffers, process groups and tensor sets live in `localsgd.collectives` (their names
-are importable from here too); this module holds what averages through them: the averagers and
+The flat buffers, process groups and tensor sets live in `localsgd.collectives` (import them
+from there); this module holds what averages through them: the averagers and
 `DistributedCommunicator`, which share the one all-reduce to the mean (`all_reduce_mean`).
 """
 
@@ -37,32 +37,16 @@ from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import ModelAverager
 
 from localsgd.collectives import (
-    FlatBuffer,
     TensorSet,
     build_groups,
-    check_same_tensors,
     contiguous_blocks,
     float_buffers,
     optimizer_state_tensors,
 )
 
 # every public name this module had before its split; the moved ones are re-exported
-__all__ = [
-    "DistributedCommunicator",
-    "FlatAverager",
-    "FlatBuffer",
-    "HierarchicalAverager",
-    "PeriodicAverager",
-    "TensorSet",
-    "TorchHierarchy",
-    "all_reduce_mean",
-    "average_parameters",
-    "build_groups",
-    "check_same_tensors",
-    "contiguous_blocks",
-    "float_buffers",
-    "optimizer_state_tensors",
-]
+__all__ = ["DistributedCommunicator", "FlatAverager", "HierarchicalAverager", "PeriodicAverager",
+           "TorchHierarchy", "all_reduce_mean", "average_parameters"]
 
 
 # --------------------------------------------------------------------------- averagers

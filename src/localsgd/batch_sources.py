@@ -4,7 +4,7 @@
 on the device) and `StreamedBatches` (ImageNet's input pipeline over image folders, §4.2.2)
 hand `localsgd.train.train` each worker's mini-batch of the §4.2.1 partition and sum the loss
 and hits of the test set batch by batch (`EvalBatch`; under torchrun each process sums one
-shard and `combine_eval` adds them up in batch order). ``cfg`` is a `localsgd.train.TrainConfig`
+shard and `combine_eval` adds them up in batch order). ``cfg`` is a `localsgd.train_config.TrainConfig`
 (not imported here: the loop imports this module).
 """
 

@@ -31,7 +31,7 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 
 def load_checkpoint(path: str | Path, cfg: Any) -> dict:
     """Load and validate a checkpoint of ``cfg``'s run (``weights_only=True``); ``cfg`` is the
-    run's `localsgd.train.TrainConfig` (not imported here: the loop imports this module)."""
+    run's `localsgd.train_config.TrainConfig` (not imported here: the loop imports this module)."""
     path = Path(path)
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)

@@ -1,6 +1,6 @@
 """How much device memory K replicas need, and how many fit in a budget.
 
-An estimate for `localsgd.engines.replicas.BatchedReplicaEngine` (``batched=True``: all K replicas in
+An estimate for `localsgd.engines.batched.BatchedReplicaEngine` (``batched=True``: all K replicas in
 one vmapped forward/backward, so K * B_loc samples of activations are alive at once) and
 `ReplicaEngine` (``batched=False``: replicas run one after the other, so one replica's
 activations at a time):

@@ -5,7 +5,7 @@ Launch (one machine; ``localsgd train --engine ddp`` starts this for you)::
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m localsgd.runner \\
         --config run --out runs/demo
 
-(``-m localsgd.ddp`` is the same command.) Every rank validates the configuration before any
+Every rank validates the configuration before any
 process group exists, so a bad launch fails on all ranks at once with exit code 2 and a message
 naming the problem. Outputs: records.csv, timing.csv (one row per step x worker, split into
 compute / waiting / communication by `localsgd.timing.stragglers.split_waiting`) and
@@ -37,27 +37,24 @@ import torch
 import torch.distributed as dist
 
 from localsgd import device as device_rule
+from localsgd.batch_sources import load_dataset
 from localsgd.distributed import init_from_env
 from localsgd.engines.common import clone_tensors
 from localsgd.engines.ddp import DDPEngine
 from localsgd.paths import append_event
 from localsgd.runner_args import (
-    RESUME_AUTO,
-    RESUME_REQUIRED,
     SWEEP_OPTIONS,
     add_run_arguments,
-    config_values,
     engine_options,
     prepare_resume,
     resolve_config,
     sweep_runs,
 )
 from localsgd.runner_outputs import format_summary, write_outputs
-from localsgd.train import TrainConfig, build_engine, load_dataset, train
+from localsgd.train import build_engine, train
+from localsgd.train_config import TrainConfig
 
-__all__ = ["RESUME_AUTO", "RESUME_REQUIRED", "SWEEP_OPTIONS", "add_run_arguments",
-           "config_values", "engine_options", "format_summary", "main", "prepare_resume",
-           "resolve_config", "sweep_runs", "write_outputs"]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:

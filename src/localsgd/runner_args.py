@@ -18,7 +18,7 @@ import yaml
 from localsgd import configs
 from localsgd.engines.ddp import COMPILE_MODES
 from localsgd.timing.stragglers import Stragglers
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = ["RESUME_AUTO", "RESUME_REQUIRED", "SWEEP_OPTIONS", "add_run_arguments",
            "config_values", "engine_options", "prepare_resume", "resolve_config", "sweep_runs"]

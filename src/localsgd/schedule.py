@@ -31,17 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
-from localsgd.topology import Level, Topology, check_int
+from localsgd.topology import Topology, check_int
 
-__all__ = [
-    "Action",
-    "Communicator",
-    "Level",
-    "OuterStep",
-    "SyncDriver",
-    "SyncSchedule",
-    "Topology",
-]
+__all__ = ["Action", "Communicator", "OuterStep", "SyncDriver", "SyncSchedule"]
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 periods (one `Level` each), and the integer check `check_int` that `localsgd.schedule` shares.
 
 Pure Python (no torch, no torch.distributed), like the schedule built on it
-(`localsgd.schedule`, which re-exports both classes).
+(`localsgd.schedule`).
 
 Paper: Lin, Stich, Patel, Jaggi, "Don't Use Large Mini-Batches, Use Local SGD" (ICLR 2020),
 Sec. 3.2, Eq. (5), Algorithm 2 (K, K', H, H^b). Hierarchy rules: PyTorch hierarchical SGD blog.

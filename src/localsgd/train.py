@@ -51,22 +51,22 @@ from localsgd import numerics
 from localsgd.batch_sources import (
     MemoryBatches,
     StreamedBatches,
-    evaluate,
     load_dataset,
 )
 from localsgd.checkpoint import load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
 from localsgd.engines import packed as packing
+from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.engines.ddp import DDPEngine
-from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+from localsgd.engines.replicas import ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import SyncSchedule
 from localsgd.train_config import TrainConfig
-from localsgd.train_state import LOOP_PHASES, Run, Totals
+from localsgd.train_state import Run, Totals
 
-__all__ = ["ENGINES", "LOOP_PHASES", "EngineParts", "RunLimit", "TrainConfig", "build_engine",
-           "engine_parts", "evaluate", "load_dataset", "lr_schedule", "train", "update_counts"]
+__all__ = ["ENGINES", "EngineParts", "RunLimit", "build_engine", "engine_parts", "lr_schedule",
+           "train", "update_counts"]
 
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from localsgd import data as data_mod
 from localsgd import numerics
 from localsgd.outer import OuterUpdate
-from localsgd.schedule import Topology
+from localsgd.topology import Topology
 
 __all__ = ["MOMENTUM_SCHEMES", "TrainConfig"]
 

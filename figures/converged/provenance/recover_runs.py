@@ -25,7 +25,7 @@ import pandas as pd
 from localsgd.paper import gpu_plan, results
 from localsgd.paper.experiments import grid
 from localsgd.results_key import NOT_IN_KEY, RESULTS_VERSION, UNUSED_WHEN
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 HERE = Path(__file__).resolve().parents[1]  # figures/converged
 # fields the loop resolves for the machine before it records them ('auto' -> what ran)

@@ -2,9 +2,11 @@
 read once per window of 24 updates, as train() now does per record). ResNet-20 CIFAR, tf32, NCHW."""
 import json, statistics, sys, time
 import torch
-from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+from localsgd.engines.replicas import ReplicaEngine
+from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.models import build_model
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 from localsgd.numerics import resolve_precision  # noqa
 torch.backends.cuda.matmul.allow_tf32 = True; torch.backends.cudnn.allow_tf32 = True
 torch.backends.cudnn.benchmark = True

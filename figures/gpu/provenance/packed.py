@@ -5,8 +5,9 @@ Usage: python packed.py [cpu-check|gpu OUT.json]"""
 import json, statistics, sys, time
 import torch, torch.nn.functional as F
 from localsgd.models import build_model
-from localsgd.engines.replicas import BatchedReplicaEngine
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.engines.batched import BatchedReplicaEngine
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 def packed_losses(P, Bf, x, y, K, fmt):
     B, H, W = x.shape[1], x.shape[3], x.shape[4]

@@ -1,7 +1,8 @@
 """train() on CUDA with its loop phases (setup/data/compute/engine/evaluate) printed as JSON."""
 import json, sys, time
 import yaml
-from localsgd.train import TrainConfig, train
+from localsgd.train import train
+from localsgd.train_config import TrainConfig
 from localsgd.configs import __file__ as cfgdir
 import pathlib
 base = yaml.safe_load((pathlib.Path(cfgdir).parent / "cifar10_resnet20.yaml").read_text())

@@ -12,10 +12,12 @@ import time
 import torch
 from torch import nn
 
-from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+from localsgd.engines.replicas import ReplicaEngine
+from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.models import build_model
 from localsgd.numerics import apply_numerics, autocast
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 out_path = sys.argv[1]
 budget_s = float(sys.argv[2]) if len(sys.argv) > 2 else 200.0

@@ -3,7 +3,8 @@ warnings (tolist, item, bool(tensor), ...) plus torch.cuda.Event.synchronize cal
 does not see those), split by update with on_step."""
 import json, sys, warnings, pathlib
 import torch, yaml
-from localsgd.train import TrainConfig, train
+from localsgd.train import train
+from localsgd.train_config import TrainConfig
 from localsgd.configs import __file__ as cfgdir
 base = yaml.safe_load((pathlib.Path(cfgdir).parent / "cifar10_resnet20.yaml").read_text())
 waits = [0]

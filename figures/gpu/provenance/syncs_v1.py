@@ -1,7 +1,8 @@
 """Host synchronisations per update of train() on CUDA, counted with torch.cuda.set_sync_debug_mode('warn')."""
 import json, sys, time, warnings, pathlib
 import torch, yaml
-from localsgd.train import TrainConfig, train
+from localsgd.train import train
+from localsgd.train_config import TrainConfig
 from localsgd.configs import __file__ as cfgdir
 base = yaml.safe_load((pathlib.Path(cfgdir).parent / "cifar10_resnet20.yaml").read_text())
 for spec in sys.argv[2:]:

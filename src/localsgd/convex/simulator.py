@@ -56,7 +56,8 @@ import torch
 from scipy.special import expit
 
 from localsgd.convex.objective import LogisticProblem
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 FAMILIES = ("decreasing", "constant")
 STEP_CAP = 32.0  # Appendix E: γ_t = min(32, c n/(t+1)) and γ_t = 32 c

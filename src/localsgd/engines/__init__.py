@@ -6,7 +6,7 @@
   averaging, the core's averagers for model averaging); `localsgd.runner` is its command line.
 
 Both have the surface of `Engine`, the one thing the training loop (`localsgd.train.train`) and
-the checkpoints (`localsgd.checkpoint`) talk to (DESIGN.md: one loop, two engines).
+the checkpoints (`localsgd.checkpoint`) talk to (docs/layout.md: one loop, two engines).
 """
 
 from __future__ import annotations
@@ -17,14 +17,11 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.engines.common import Batch, clone_tensors, count_correct, worker_generator
 from localsgd.engines.ddp import COMPILE_MODES, DDPEngine
-from localsgd.engines.replicas import (
-    BatchedReplicaEngine,
-    ReplicaCommunicator,
-    ReplicaEngine,
-    make_engine,
-)
+from localsgd.engines.replica_stack import ReplicaCommunicator
+from localsgd.engines.replicas import ReplicaEngine, make_engine
 from localsgd.schedule import Action
 
 __all__ = ["COMPILE_MODES", "Batch", "BatchedReplicaEngine", "DDPEngine", "Engine",

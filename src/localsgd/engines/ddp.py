@@ -3,7 +3,7 @@
 `DDPEngine` has the replica engines' surface (the `localsgd.engines.Engine` protocol: ``step``,
 ``t``, ``world_size``, ``local_ranks``, ``generators``, ``current_lr``, ``averaged_model``,
 ``param_bytes``, ``all_gather_object``, ``state_dict``), so the one training loop runs unchanged
-(DESIGN.md: one loop, two engines); `localsgd.runner` is its command line:
+(docs/layout.md: one loop, two engines); `localsgd.runner` is its command line:
 
 * **Gradients are averaged by DistributedDataParallel** -- mini-batch SGD, the post-local SGD
   warm-up (Lin et al., Sec. 3 "post-local SGD") and the PyTorch hierarchical-SGD blog's
@@ -45,7 +45,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 # all_reduce_mean: averaging.py's one all-reduce-to-mean (AVG op, fp16-safe); the comm hook
 # must average exactly as the averagers do.
-from localsgd.averaging import DistributedCommunicator, all_reduce_mean, float_buffers
+from localsgd.averaging import DistributedCommunicator, all_reduce_mean
+from localsgd.collectives import float_buffers
 from localsgd.engines.common import (
     Batch,
     Deferred,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from localsgd import gossip as gossip_mod
-from localsgd.schedule import Topology
+from localsgd.topology import Topology
 
 __all__ = ["FLAT_ALIGN", "ReplicaCommunicator", "aligned_offsets", "stack_into_flat"]
 

@@ -50,18 +50,11 @@ from localsgd.engines.common import (
     read_step,
 )
 from localsgd.engines.replica_base import LossFn, ReplicaEngineBase
-from localsgd.engines.replica_stack import FLAT_ALIGN, ReplicaCommunicator, aligned_offsets
+from localsgd.engines.replica_stack import ReplicaCommunicator
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import Action, SyncDriver, SyncSchedule
 
-__all__ = [
-    "FLAT_ALIGN",
-    "BatchedReplicaEngine",
-    "ReplicaCommunicator",
-    "ReplicaEngine",
-    "aligned_offsets",
-    "make_engine",
-]
+__all__ = ["ReplicaEngine", "make_engine"]
 
 
 class ReplicaEngine(ReplicaEngineBase):

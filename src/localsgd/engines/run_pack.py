@@ -26,7 +26,8 @@ from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.engines.common import Deferred, PhaseClock, clone_tensors, count_correct
 from localsgd.engines.replica_base import LossFn, ReplicaEngineBase
 from localsgd.engines.replica_stack import ReplicaCommunicator
-from localsgd.schedule import Action, SyncDriver, SyncSchedule, Topology
+from localsgd.schedule import Action, SyncDriver, SyncSchedule
+from localsgd.topology import Topology
 
 __all__ = ["RunPack", "RunSlice"]
 

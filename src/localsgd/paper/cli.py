@@ -97,7 +97,7 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
                    "(`localsgd campaign --help`)")
 
     if runner:
-        from localsgd.runner import add_run_arguments  # deferred: imports torch (see above)
+        from localsgd.runner_args import add_run_arguments  # deferred: imports torch (see above)
 
         t = sub.add_parser("train", help="train one TrainConfig: in this process (--engine "
                            "replicas) or one process per worker under torchrun (--engine ddp)")

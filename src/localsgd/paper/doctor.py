@@ -145,7 +145,8 @@ def _optimizer_fn(params):
 
 def _build(cls, dtype: torch.dtype, device: str):
     from localsgd.outer import OuterUpdate
-    from localsgd.schedule import SyncSchedule, Topology
+    from localsgd.schedule import SyncSchedule
+    from localsgd.topology import Topology
 
     schedule = SyncSchedule(Topology.from_paper(K, local_steps=2, block_size=2, block_steps=2),
                             outer_period="global")
@@ -171,7 +172,7 @@ def _snapshot(engine) -> dict[str, torch.Tensor]:
                 out[f"{k}/{name}"] = t.detach().to("cpu", torch.float64, copy=True)
     buf = getattr(engine.driver.outer, "buf", None)
     if buf is not None:  # the engine's row has alignment gaps: the parameters' parts, in order
-        from localsgd.engines.replicas import aligned_offsets
+        from localsgd.engines.replica_stack import aligned_offsets
 
         sizes = _param_sizes()
         offsets, _ = aligned_offsets(sizes)

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.simulate import Scheme, simulate
+from localsgd.timing.scheme import Scheme
+from localsgd.timing.simulate import simulate
 from localsgd.timing.stragglers import Stragglers
 
 __all__ = ["DEFAULT_RATES", "chart", "draw", "predict", "schemes"]

@@ -13,7 +13,7 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
 3. The training loop on the first configuration of every paper notebook that trains
    (`gpu_plan.paper_configs`), as paper mode builds it (``precision: auto``: TF32 on CUDA),
    for 50 updates after 5 untimed ones: where the
-   loop's time goes (`localsgd.train.LOOP_PHASES`, the host's; the device's busy seconds
+   loop's time goes (`localsgd.train_state.LOOP_PHASES`, the host's; the device's busy seconds
    beside them, ``device_busy_s``) and its training images/s -> ``loop.csv``.
    A notebook whose data set is not on the machine is listed as skipped, with the reason.
 4. ``provenance.json``: the GPU's name, the versions, the command, the commit, the wall time.
@@ -78,10 +78,12 @@ def _sync(device: torch.device) -> None:
 
 def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, Callable, int]]:
     """(precision, layout, configuration, build, images per call): ``build()`` returns one step."""
-    from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+    from localsgd.engines.batched import BatchedReplicaEngine
+    from localsgd.engines.replicas import ReplicaEngine
     from localsgd.models import build_model
     from localsgd.numerics import autocast
-    from localsgd.schedule import SyncSchedule, Topology
+    from localsgd.schedule import SyncSchedule
+    from localsgd.topology import Topology
 
     k, b = size.k, size.b
     loss_fn = nn.functional.cross_entropy
@@ -228,8 +230,8 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
          budget_s: float, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
     from localsgd.paper import gpu_plan
-    from localsgd.train import LOOP_PHASES, RunLimit, train
-    from localsgd.train_state import DEVICE_BUSY
+    from localsgd.train import RunLimit, train
+    from localsgd.train_state import DEVICE_BUSY, LOOP_PHASES
 
     t0, rows, cache = time.perf_counter(), [], {}
     for notebook, configs in gpu_plan.paper_configs(notebooks_dir, only).items():

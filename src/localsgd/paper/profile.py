@@ -45,7 +45,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 ENV = "LOCALSGD_PROFILE"
 
-# `localsgd.train.LOOP_PHASES` (named again here: importing the loop would import torch into
+# `localsgd.train_state.LOOP_PHASES` (named again here: importing the loop would import torch into
 # every harness process; tests/test_profile.py checks the two agree)
 TRAIN_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
 COLUMNS = ("notebook", "total", "kernel_start", "imports", "launch", "compile", "convex", "runs",

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 __all__ = ["ClusterShape", "comm_cost_eq6", "comm_cost_table", "schedule_sync_counts",
            "sync_rounds"]

@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.simulate import Scheme, check_int_arg, simulate
+from localsgd.timing.scheme import Scheme
+from localsgd.timing.simulate import check_int_arg, simulate
 from localsgd.timing.stragglers import Stragglers
 
 __all__ = ["candidate_schemes", "format_plan", "plan_schedules"]

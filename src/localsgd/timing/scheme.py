@@ -11,7 +11,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 __all__ = ["SCHEME_KINDS", "Scheme"]
 

@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.scheme import SCHEME_KINDS, Scheme
+from localsgd.timing.scheme import Scheme
 from localsgd.timing.stragglers import STRAGGLER_SALT, Stragglers, stall_draws
 
-__all__ = ["SCHEME_KINDS", "Scheme", "check_int_arg", "run_clocks", "simulate"]
+__all__ = ["check_int_arg", "run_clocks", "simulate"]
 
 # No event queue: every worker has a clock, every step adds its compute (+ stall), and a
 # synchronisation of a group sets the clocks of its members to the group's release time

@@ -30,7 +30,7 @@ from localsgd.convex.objective import LogisticProblem
 from localsgd.convex.simulator import FAMILIES, LocalSGDState, TorchProblem, reference_local_sgd
 from localsgd.data import load_libsvm
 from localsgd.paper.bench.common import emit, machine
-from localsgd.schedule import Topology
+from localsgd.topology import Topology
 
 
 def _problem(source: str) -> tuple[LogisticProblem, str]:

@@ -8,7 +8,7 @@ three share the machine's noise:
   (the floor: what one worker costs without any replica machinery);
 * ``replica``: `localsgd.engines.replicas.ReplicaEngine`, K replicas of batch B each, run one
   after the other (K * B samples per step), local SGD averaging parameters and BN buffers every H steps;
-* ``batched``: `localsgd.engines.replicas.BatchedReplicaEngine`, the same K replicas as one vmapped
+* ``batched``: `localsgd.engines.batched.BatchedReplicaEngine`, the same K replicas as one vmapped
   forward/backward;
 * ``replica_channels_last`` (with ``--layouts``): the sequential engine fed channels-last (NHWC)
   batches, the layout `localsgd.numerics.memory_format` picks for single-threaded CPU runs;
@@ -38,10 +38,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from localsgd.engines.replicas import BatchedReplicaEngine, ReplicaEngine
+from localsgd.engines.batched import BatchedReplicaEngine
+from localsgd.engines.replicas import ReplicaEngine
 from localsgd.models import build_model
 from localsgd.paper.bench.common import emit, machine
-from localsgd.schedule import SyncSchedule, Topology
+from localsgd.schedule import SyncSchedule
+from localsgd.topology import Topology
 
 
 def _sync(device: torch.device) -> None:

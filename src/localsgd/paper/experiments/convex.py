@@ -34,7 +34,7 @@ from localsgd.convex.simulator import FAMILIES, TorchProblem, simulate
 from localsgd.data import load_libsvm
 from localsgd.paper import profile
 from localsgd.paper.experiments.claims import claim_row, combine, verdict
-from localsgd.schedule import Topology
+from localsgd.topology import Topology
 
 EPSILON = 0.005  # Appendix E target accuracy
 # f* by Newton (the library's `objective.solve_fstar`), timed as convex work under a profile

@@ -27,7 +27,8 @@ from localsgd.paper import dry_run, profile, results, run_progress
 from localsgd.paper.experiments import claims
 from localsgd.results_key import RESULTS_VERSION, results_key, same_run
 from localsgd.timing.cluster import Cluster, modelled_time
-from localsgd.train import TrainConfig, train
+from localsgd.train import train
+from localsgd.train_config import TrainConfig
 
 __all__ = [
     "WORK_KEYS",

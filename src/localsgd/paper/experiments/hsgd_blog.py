@@ -14,7 +14,8 @@ import pandas as pd
 from localsgd.paper.experiments.claims import claim_row, combine, model_outcome, verdict
 from localsgd.paper.notebook import ParameterError
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.simulate import Scheme, simulate
+from localsgd.timing.scheme import Scheme
+from localsgd.timing.simulate import simulate
 from localsgd.timing.stragglers import Stragglers
 
 __all__ = ["BLOG_HSGD", "BLOG_LOCAL", "BLOG_RANGES", "blog_claims", "blog_figure", "blog_runs",

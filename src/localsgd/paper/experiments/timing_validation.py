@@ -64,11 +64,12 @@ from localsgd.paper import profile
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.claims import Verdict
 from localsgd.paper.notebook import ParameterError
-from localsgd.runner import SWEEP_OPTIONS
+from localsgd.runner_args import SWEEP_OPTIONS
 from localsgd.timing.cluster import Cluster
-from localsgd.timing.simulate import Scheme, simulate
+from localsgd.timing.scheme import Scheme
+from localsgd.timing.simulate import simulate
 from localsgd.timing.stragglers import Stragglers, stall_draws
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "check_worker_counts",
            "grid", "launch", "measure", "median_table", "own_work", "predict", "predict_random",

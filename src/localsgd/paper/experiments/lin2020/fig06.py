@@ -20,7 +20,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     seed_values,
 )
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = ["FIG06_CLAIM", "FIG06_TEST_CLAIM", "configs", "fig06_claims"]
 

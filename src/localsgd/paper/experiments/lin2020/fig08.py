@@ -16,7 +16,7 @@ import yaml
 from localsgd.paper.experiments.claims import claim_row, verdict
 from localsgd.paper.experiments.grid import base_config, speedup_table
 from localsgd.paper.results import resolve_out_dir
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = [
     "FIG08_BASELINE",

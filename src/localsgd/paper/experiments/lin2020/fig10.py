@@ -11,7 +11,7 @@ import pandas as pd
 
 from localsgd.paper.experiments.claims import claim_row, verdict
 from localsgd.paper.experiments.grid import base_config
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = ["FIG10_MAX_LOSS", "base", "configs", "fig10_claims"]
 

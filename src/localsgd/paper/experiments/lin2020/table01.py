@@ -21,7 +21,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     with_claim,
 )
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = ["TABLE01_CLAIM", "base", "configs", "table01_claims", "table01_configs",
            "table01_reported"]

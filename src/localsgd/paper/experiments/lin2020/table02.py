@@ -23,7 +23,8 @@ from localsgd.paper.experiments.lin2020.common import table5_step_costs
 from localsgd.paper.results import repo_root
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.comm import sync_rounds
-from localsgd.timing.simulate import Scheme, run_clocks, simulate
+from localsgd.timing.scheme import Scheme
+from localsgd.timing.simulate import run_clocks, simulate
 from localsgd.timing.stragglers import Stragglers
 
 __all__ = [

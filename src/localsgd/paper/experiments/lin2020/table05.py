@@ -23,7 +23,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     with_claim,
 )
-from localsgd.train import TrainConfig
+from localsgd.train_config import TrainConfig
 
 __all__ = [
     "TABLE05_BY",
