@@ -66,7 +66,10 @@ def draw(df: pd.DataFrame, title: str = "", fig=None):
     import matplotlib.pyplot as plt  # deferred: only drawing needs it (predict does not)
 
     if fig is None:
-        fig = plt.figure(figsize=(11, 4.2))
+        from localsgd.paper.notebook import print_style
+
+        print_style()
+        fig = plt.figure(figsize=(7.5, 3.2))
     fig.clear()
     left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.15]})
     point = df[df.point]
@@ -75,10 +78,10 @@ def draw(df: pd.DataFrame, title: str = "", fig=None):
     y = np.arange(len(point))[::-1]
     left.barh(y, point.speedup, color=[colors[n] for n in names])
     for yi, (s, ms) in enumerate(zip(point.speedup, point.step_ms, strict=True)):
-        left.text(s, y[yi], f" {s:.2f}x ({ms:.0f} ms/step)", va="center", fontsize=8)
+        left.text(s, y[yi], f" {s:.2f}x ({ms:.0f} ms/step)", va="center", fontsize=7)
     left.axvline(1.0, color="black", lw=0.8)
-    left.set_yticks(y, names, fontsize=8)
-    left.set_xlim(0, max(1.2, float(point.speedup.max()) * 1.45))
+    left.set_yticks(y, names, fontsize=7)
+    left.set_xlim(0, max(1.2, float(point.speedup.max()) * 1.7))
     rate = float(point.straggler_rate.iloc[0])
     left.set(xlabel="predicted speed-up over synchronous SGD",
              title=f"at straggler rate {100 * rate:g} %")
@@ -95,9 +98,9 @@ def draw(df: pd.DataFrame, title: str = "", fig=None):
     right.set(xlabel="straggler rate per worker and step (%)", ylabel="predicted speed-up",
               title="over straggler rates (colours as left; circled: chosen rate)")
     if title:
-        fig.suptitle(title, fontsize=9)
+        fig.suptitle(title, fontsize=8, wrap=True)
     # fixed margins: tight_layout would measure every label again at each redraw (~0.1 s)
-    fig.subplots_adjust(left=0.19, right=0.98, bottom=0.13, top=0.84, wspace=0.25)
+    fig.subplots_adjust(left=0.22, right=0.98, bottom=0.16, top=0.80, wspace=0.3)
     return fig
 
 

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from localsgd.paper import results
+
 MODES = ("smoke", "quick", "paper", "converged")  # reproduce.MODES (kept import-light)
 
 
@@ -439,6 +441,7 @@ class Session:
 
         self.P, self._clock = P, time.perf_counter
         self.t0 = self._clock()
+        print_style()  # every figure is drawn for print: 7.5 inches wide, no text under 7 pt
         self.scale = scale or {"paper": "full", "converged": "converged"}.get(P.mode, "reduced")
         n = getattr(P, "n_seeds", 1)
         self.seeds = list(range(P.seed, P.seed + n)) if hasattr(P, "seed") else []
@@ -476,11 +479,47 @@ def source_value(artifact: str, setting: str, metric: str) -> float:
     return float(row["value"].iloc[0])
 
 
+PRINT_STYLE = {  # points at print size: nothing below 7
+    "font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "xtick.labelsize": 7,
+    "ytick.labelsize": 7, "legend.fontsize": 7, "legend.title_fontsize": 7,
+    "figure.titlesize": 9, "lines.linewidth": 1.2, "lines.markersize": 4}
+
+
+def print_style() -> None:
+    """Matplotlib's sizes for a figure printed `results.PRINT_WIDTH` inches wide."""
+    import matplotlib as mpl  # deferred: only notebooks that draw need it
+
+    mpl.rcParams.update(PRINT_STYLE)
+
+
+def panels(n: int, *, ncols: int | None = None, height: float = 2.4,
+           width: float = results.PRINT_WIDTH - 0.25, **kw: Any) -> tuple[Any, list]:
+    """A figure of ``n`` panels at print width (less the saved margins), in rows of ``ncols``
+    (default 2; 1 for one panel): ``(fig, [ax, ...])``, the unused cells of the last row
+    removed. ``height``: one row's inches; ``kw`` go to `matplotlib.pyplot.subplots` (e.g.
+    ``sharey=True``)."""
+    import matplotlib.pyplot as plt  # deferred: only notebooks that draw need it
+
+    print_style()
+    ncols = ncols or min(n, 2)
+    nrows = -(-n // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(width, height * nrows), squeeze=False,
+                             layout="constrained", **kw)
+    axes = list(grid.flatten())
+    for ax in axes[n:]:
+        ax.remove()
+    return fig, axes[:n]
+
+
 def source_note(fig: Any, lines: Iterable[str]) -> None:
-    """Print the source's values beside ours under a figure, left-aligned below its axes (the
-    saved file's tight bounding box takes the text in)."""
-    fig.text(0.01, -0.01, "\n".join(lines), ha="left", va="top", fontsize=8.5,
-             color="0.2", transform=fig.transFigure)
+    """Print the source's values beside ours under a figure, left-aligned below its axes and
+    wrapped to the figure's width (the saved file's tight bounding box takes the text in)."""
+    import textwrap
+
+    width = int(fig.get_size_inches()[0] * 72 / (7 * 0.6))  # characters of 7 pt in a line
+    text = "\n".join(textwrap.fill(line, width) for line in lines)
+    fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=7, color="0.2",
+             transform=fig.transFigure)
 
 
 def ratio_text(value: Any) -> str:

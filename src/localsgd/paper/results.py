@@ -195,6 +195,27 @@ def write_records(df: pd.DataFrame, path: str | os.PathLike, **prov: Any) -> lis
             write_json(provenance(**prov), path.with_suffix(".json"))]
 
 
+PRINT_WIDTH = 7.5  # inches: a journal page's text width, the widest a saved figure may be
+SAVE_PAD = 0.05  # inches of margin a saved figure keeps around its drawing
+
+
+def fit_print_width(fig: Any, width: float = PRINT_WIDTH) -> None:
+    """Make ``fig`` at most ``width`` inches wide as saved (a tight bounding box): titles and
+    figure texts wrap at the figure's edge, and a figure still wider (a legend beside its
+    axes) is narrowed, its text sizes kept."""
+    for text in [*fig.texts, *(ax.title for ax in fig.axes)]:
+        text.set_wrap(True)
+    if getattr(fig, "_suptitle", None) is not None:
+        fig._suptitle.set_wrap(True)
+    room = width - 2 * SAVE_PAD - 0.15  # the drawing inside the saved margins, and spare
+    for _ in range(4):  # each pass re-lays the figure out; text does not shrink with it
+        drawn = fig.get_tightbbox(fig.canvas.get_renderer()).width
+        if drawn <= room:
+            return
+        w, h = fig.get_size_inches()
+        fig.set_size_inches(max(1.0, w - (drawn - room) - 0.05), h)
+
+
 def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.PathLike | None,
                 params: dict[str, Any], mode: str, scale: str, seed: int | None = None,
                 wall_seconds: float | None = None,
@@ -211,12 +232,14 @@ def save_figure(fig_id: str, fig: Any, data: pd.DataFrame, *, out_dir: str | os.
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     if fig is not None:
+        fit_print_width(fig)
         for ext in ("png", "pdf"):
             target = out / f"{fig_id}.{ext}"
             with atomic_path(target) as tmp:
                 # metadata without dates keeps committed PDFs/PNGs stable between identical runs
                 meta = {"CreationDate": None} if ext == "pdf" else {"Software": None}
-                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight", metadata=meta)
+                fig.savefig(tmp, format=ext, dpi=150, bbox_inches="tight",
+                            pad_inches=SAVE_PAD, metadata=meta)
             written.append(target)
     written += write_records(data, out / f"{fig_id}.csv", params=params, mode=mode, scale=scale,
                              seed=seed, wall_seconds=wall_seconds, figure=fig_id)

@@ -325,15 +325,17 @@ def blog_figure(data: pd.DataFrame, p: Any):
     the model variants' HSGD ranges against the blog's (heatmap), limitations 1-2 and the
     limitation-3 sweep. ``p`` has the notebook's parameters as attributes."""
     # deferred: only the plots need matplotlib and seaborn
-    import matplotlib.pyplot as plt
     import seaborn as sns
 
-    sns.set_theme(style="whitegrid", context="notebook")
+    from localsgd.paper.notebook import PRINT_STYLE, panels
+
+    sns.set_theme(style="whitegrid", context="paper", rc=PRINT_STYLE)
     blog = blog_runs(data)
     w_lim, rate_lim = p.worker_counts[-1], p.straggler_rates[-1]
     n_top = len(p.worker_counts)
-    fig, axes = plt.subplots(2, max(n_top, 3), figsize=(5.2 * max(n_top, 3), 9.5))
-    for ax, w, rate in zip(axes[0], p.worker_counts, p.straggler_rates):
+    fig, axes = panels(n_top + 3, height=2.7)  # the GPU counts' speed-ups, then three panels
+    top, bottom = axes[:n_top], axes[n_top:]
+    for ax, w, rate in zip(top, p.worker_counts, p.straggler_rates):
         part = blog[(blog.workers == w) & (blog.kind != "sync")].copy()
         part["family"] = np.where(part.kind == "local", "local SGD", "HSGD")
         part["label"] = part.scheme.str.replace("hsgd:", "HSGD ").str.replace("local:", "local ")
@@ -346,24 +348,22 @@ def blog_figure(data: pd.DataFrame, p: Any):
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set(xlabel="", ylabel="speed-up vs synchronous SGD",
                title=f"{w} GPUs, stalls {p.straggler_s:g} s at {100 * rate:g} %")
-        ax.tick_params(axis="x", rotation=35, labelsize=8)
-        ax.legend(fontsize=8, loc="upper left")
-    for ax in [*axes[0][n_top:], *axes[1][3:]]:
-        ax.axis("off")
+        ax.tick_params(axis="x", rotation=35)
+        ax.legend(loc="upper left")
 
     # model choices: HSGD range (mean over seeds) under each variant / the blog's range
-    ax, rng = axes[1][0], variant_ranges(data)
+    ax, rng = bottom[0], variant_ranges(data)
     if len(rng):
         order = list(dict.fromkeys(data[data.case == BLOG_SETTING].variant))
         grid = rng.pivot(index="variant", columns="workers", values="ratio").loc[order]
         text = rng.pivot(index="variant", columns="workers", values="text").loc[order]
         sns.heatmap(grid, annot=text, fmt="", cmap="RdBu_r", center=1.0, vmin=0.4, vmax=1.6,
                     ax=ax, cbar_kws={"label": "HSGD range midpoint / blog's"},
-                    annot_kws={"fontsize": 8})
+                    annot_kws={"fontsize": 7})
         ax.set(title="model choices: HSGD speed-ups (min-max)", xlabel="GPUs", ylabel="")
-        ax.tick_params(axis="y", labelsize=8)
+        ax.tick_params(axis="y", labelsize=7)
 
-    ax = axes[1][1]
+    ax = bottom[1]
     cases = limitation_cases(p.straggler_s, p.persistent_rank, p.high_rate)
     lim = data[(data.workers == w_lim) & (data.variant == AS_SET) & (data.kind != "sync")
                & data.case.isin([BLOG_SETTING, *cases])]
@@ -372,10 +372,10 @@ def blog_figure(data: pd.DataFrame, p: Any):
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set(xlabel="", ylabel="speed-up vs synchronous SGD",
            title=f"limitations 1-2, {w_lim} GPUs")
-    ax.tick_params(axis="x", rotation=35, labelsize=8)
-    ax.legend(fontsize=8)
+    ax.tick_params(axis="x", rotation=35)
+    ax.legend()
 
-    ax, sweep = axes[1][2], stall_sweep(data)
+    ax, sweep = bottom[2], stall_sweep(data)
     sns.lineplot(data=sweep, x=100 * sweep.slowdown, y="speedup", hue="scheme", marker="o",
                  ax=ax)
     ax.axhline(1.0, color="black", lw=0.8)
@@ -383,10 +383,9 @@ def blog_figure(data: pd.DataFrame, p: Any):
     ax.set(xscale="log", xlabel="stragglers' slowdown of synchronous SGD (%)",
            ylabel="speed-up vs synchronous SGD",
            title=f"limitation 3: short stalls ({100 * rate_lim:g} %, {w_lim} GPUs)")
-    ax.legend(fontsize=7)
+    ax.legend()
     fig.suptitle(f"PyTorch HSGD blog: straggler speed-ups PREDICTED by the timing model (not "
                  f"measured) [{p.mode} mode; {p.steps} steps, {p.n_seeds} seed(s); "
                  f"{p.model_mb:g} MB, {p.step_ms:g} ms/step, {p.gpus_per_node} GPUs/node, "
-                 f"{p.inter_gbps:g} Gbit/s]", fontsize=10)
-    fig.tight_layout()
+                 f"{p.inter_gbps:g} Gbit/s]")
     return fig
