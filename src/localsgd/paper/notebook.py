@@ -511,6 +511,40 @@ def panels(n: int, *, ncols: int | None = None, height: float = 2.4,
     return fig, axes[:n]
 
 
+def paired_differences(ax: Any, groups: Iterable[tuple[str, Iterable[float], float | None]], *,
+                       ylabel: str, band: float | None = None, title: str = "") -> None:
+    """A claim about a difference, drawn as the claim judges it: per group (label, its per-seed
+    paired differences, the source's difference or None) the seeds (grey), their mean and the
+    one-sided 95 % t bounds on each side (the interval `claims.verdict` reads), the source's
+    value as a black diamond; zero, and the claim's tolerance ``band`` (±) when it has one."""
+    from localsgd.paper.experiments.claims import bounds  # deferred: numpy, scipy
+
+    labels = []
+    for i, (label, values, source) in enumerate(groups):
+        vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+        labels.append(label)
+        if vals:
+            ax.scatter([i] * len(vals), vals, color="0.6", s=8, zorder=2)
+            mean = sum(vals) / len(vals)
+            lo, hi = bounds(vals)
+            if math.isfinite(lo):
+                ax.errorbar(i, mean, yerr=[[mean - lo], [hi - mean]], fmt="o", color="C0",
+                            capsize=3, zorder=3, label="mean, 95 % bounds" if i == 0 else None)
+            else:
+                ax.plot(i, mean, "o", color="C0", zorder=3,
+                        label="mean (1 seed)" if i == 0 else None)
+        if source is not None and math.isfinite(float(source)):
+            ax.plot(i, float(source), "D", color="black", ms=5, zorder=4,
+                    label="source (300 epochs)" if i == 0 else None)
+    ax.axhline(0.0, color="black", lw=0.8)
+    if band:
+        ax.axhspan(-band, band, color="C2", alpha=0.12, label=f"±{band:g} (the claim's band)")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(loc="best")
+
+
 def source_note(fig: Any, lines: Iterable[str]) -> None:
     """Print the source's values beside ours under a figure, left-aligned below its axes and
     wrapped to the figure's width (the saved file's tight bounding box takes the text in)."""

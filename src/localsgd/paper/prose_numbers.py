@@ -396,6 +396,8 @@ NOT_RESULTS: dict[tuple[str, str], str] = {
     ("papers/lin2020_local_sgd/notes.md", "3.16"): _STUDY + " (f evaluated every round)",
     ("papers/lin2020_local_sgd/notes.md", "3.30"): _STUDY + " (t counted in samples)",
     ("papers/lin2020_local_sgd/notes.md", "3.08"): _STUDY + " (stopping at our exact f*)",
+    ("papers/lin2020_local_sgd/notes.md", "1.47"): _STUDY + " (three 3-seed groups)",
+    ("papers/lin2020_local_sgd/notes.md", "3.14"): _STUDY + " (iterations + 25 per round)",
     ("papers/lin2020_local_sgd/notes.md", "1.61"): _STUDY + " (t counted in samples)",
     ("docs/systems.md", "3.75"): "a fit to the source's Table 2 (deterministic, no run)",
     ("docs/systems.md", "24.8"): "a fit to the source's Table 2 (deterministic, no run)",

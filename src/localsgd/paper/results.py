@@ -209,7 +209,7 @@ def fit_print_width(fig: Any, width: float = PRINT_WIDTH) -> None:
         fig._suptitle.set_wrap(True)
     room = width - 2 * SAVE_PAD - 0.15  # the drawing inside the saved margins, and spare
     for _ in range(4):  # each pass re-lays the figure out; text does not shrink with it
-        drawn = fig.get_tightbbox(fig.canvas.get_renderer()).width
+        drawn = fig.get_tightbbox().width  # its own renderer: any backend (inline too)
         if drawn <= room:
             return
         w, h = fig.get_size_inches()
