@@ -108,6 +108,11 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     assert own[["artifact", "verdict", "ours"]].values.tolist() == [
         ["Timing model vs runner", "held: 4.2 %", 4.2]]
     assert "## This project's own claims" in report.write_report(papers, figs).read_text()
+    # a claim a source's ledger lists is the ledger's, not shown again as the project's own
+    pd.DataFrame({"id": ["c1"], "artifact": ["Timing model vs runner"], "claim": ["within 10 %"],
+                  "quantity": ["max error"], "paper_value": [""], "status": ["tested"],
+                  "why": [""]}).to_csv(papers / "src1" / "claims.csv", index=False)
+    assert report.own_claims(papers, figs).empty
 
 
 def test_report_prefers_paper_mode_and_rejects_same_mode_clashes(tmp_path):

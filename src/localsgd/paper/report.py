@@ -416,11 +416,13 @@ def _unjoined_claims(papers_dir: Path, ours: pd.DataFrame) -> pd.DataFrame:
 
 def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """Compare rows with a claim and verdict that match no source's number (keyed by artifact,
-    setting, metric): the project's own checks."""
+    setting, metric) nor a ledger claim: the project's own checks."""
     cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "mode", "scale"]
     rows = _unjoined_claims(papers_dir, load_ours(figures_dir))
     if not len(rows):
         return pd.DataFrame(columns=cols)
+    # a claim the ledger lists is shown once, as the ledger's (`ledger_rows`)
+    rows = rows[~rows["claim"].isin(set(ledger_mod.load_ledger(papers_dir)["claim"]))]
     return rows[[c for c in cols if c in rows.columns]].rename(columns={"value": "ours"})
 
 
