@@ -116,14 +116,14 @@ def test_every_mode_file_passes_the_notebooks_parameter_rules():
 
 def test_a_resume_refuses_a_checkpoint_of_the_other_replica_engine(tmp_path, monkeypatch):
     # batched: auto may decide differently when resumed (another GPU, less free memory)
-    import localsgd.train as loop
+    from localsgd import run_plan
 
     cfg = dataclasses.replace(_toy(KINDS[min(KINDS)], False), dtype="float32",
                               batched="auto")
     ds = data.synthetic_image_dataset(2 * cfg.world_size, 16, num_classes=4, image_size=8, seed=0)
     ckpt = tmp_path / "run.pt"
     train(cfg, dataset=ds, progress=False, checkpoint_path=ckpt, checkpoint_every=1)
-    monkeypatch.setattr(loop, "use_batched", lambda *a, **k: True)  # as a GPU would choose
+    monkeypatch.setattr(run_plan, "use_batched", lambda *a, **k: True)  # as a GPU would choose
     with pytest.raises(ValueError, match="written by the sequential replica engine.*"
                                          "resume with batched=False"):
         train(cfg, dataset=ds, progress=False, checkpoint_path=ckpt, resume=True)

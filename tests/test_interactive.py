@@ -244,3 +244,55 @@ def test_a_mode_without_a_file_names_the_modes_that_have_one(tmp_path):
         {"mode": "smoke", "epochs": 1.0}
     assert notebook.mode_values({"mode": "smoke", "epochs": 3.0}, "x", folder=tmp_path) == \
         {"mode": "smoke", "epochs": 3.0}
+
+
+def test_a_notebook_saved_in_another_mode_still_takes_that_modes_file(tmp_path):
+    # JupyterLab saved the cell after `mode = "converged"` was typed: the cell on disk is no
+    # baseline, the quick file is
+    from localsgd.paper import notebook
+
+    nb = {"cells": [{"cell_type": "code", "metadata": {"tags": ["parameters"]},
+                     "source": 'mode = "converged"\nepochs = 2.0\nK = 4\nn_seeds = 1\n'}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(nb))
+    (tmp_path / "params" / "x").mkdir(parents=True)
+    (tmp_path / "params" / "x" / "quick.yaml").write_text("epochs: 2.0\nK: 2\nn_seeds: 1\n")
+    (tmp_path / "params" / "x" / "converged.yaml").write_text("epochs: 20.0\nK: 2\n")
+    cell = {"mode": "converged", "epochs": 2.0, "K": 4, "n_seeds": 1}
+    # epochs as quick has it: the file's; K = 4 was the user's edit saved before: it wins
+    assert notebook.mode_values(cell, "x", folder=tmp_path) == {**cell, "epochs": 20.0}
+    # back to quick: the quick file, the edit still winning
+    assert notebook.mode_values({**cell, "mode": "quick", "epochs": 20.0}, "x",
+                                folder=tmp_path) == {**cell, "mode": "quick", "epochs": 20.0}
+
+
+def test_every_name_a_mode_file_sets_has_its_base_value_in_the_quick_file():
+    import yaml
+
+    from localsgd.paper import notebook
+
+    for folder in sorted((NOTEBOOKS / "params").iterdir()):
+        files = {p.stem: yaml.safe_load(p.read_text()) or {} for p in folder.glob("*.yaml")}
+        base = files[notebook.BASE_MODE]
+        cell = notebook.cell_defaults(NOTEBOOKS / f"{folder.name}.ipynb")
+        for mode, values in files.items():
+            assert set(values) <= set(base), (folder.name, mode, set(values) - set(base))
+        # names the cell holds keep the cell's values there unless quick trims them on purpose
+        assert set(base) <= set(cell), folder.name
+
+
+def test_a_quick_run_after_a_converged_one_stops_writing_to_the_kept_runs(monkeypatch):
+    from localsgd.paper import notebook
+
+    monkeypatch.delenv(notebook.HEADLESS_ENV, raising=False)
+    nb_id = "table05_models"
+    with mock.patch.dict(os.environ):
+        os.environ.pop(notebook.RUNS_ENV, None)
+        notebook.params(_cell_namespace(nb_id, mode="converged"), notebook=nb_id)
+        assert os.environ[notebook.RUNS_ENV].endswith("figures/converged/runs")
+        notebook.params(_cell_namespace(nb_id, mode="quick"), notebook=nb_id)
+        assert notebook.RUNS_ENV not in os.environ
+        # a folder the user set is theirs: left alone in every mode
+        os.environ[notebook.RUNS_ENV] = "mine"
+        notebook.params(_cell_namespace(nb_id, mode="converged"), notebook=nb_id)
+        notebook.params(_cell_namespace(nb_id, mode="quick"), notebook=nb_id)
+        assert os.environ[notebook.RUNS_ENV] == "mine"

@@ -3,6 +3,8 @@ batched engine computes: equal in float64 through updates and averages, for both
 families and both memory layouts; unsupported models are refused by name; 'auto' packs on CUDA
 only (on a CPU the engines keep the vmap)."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -71,7 +73,7 @@ def test_what_can_be_packed_and_what_auto_chooses():
 
 
 def test_train_resolves_auto_per_device_and_model(monkeypatch):
-    from localsgd import train as loop
+    from localsgd import run_plan as loop
     from localsgd.train_config import TrainConfig
 
     cfg = TrainConfig(dataset="synthetic", model="resnet20", world_size=2)
@@ -109,24 +111,24 @@ def test_the_compiled_packed_forward_equals_the_eager_one():
 
 def test_a_fallback_to_the_sequential_engine_records_that_nothing_was_packed(monkeypatch):
     # 'auto' chose the batched (packed) engine and its K replicas do not fit the GPU
-    import types
-
-    from localsgd import train as loop
+    from localsgd import run_plan
     from localsgd.train_config import TrainConfig
 
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1, 1))
-
-    def check(cfg, num_classes, shape, free):
-        if cfg.batched:
+    def check(cfg, num_classes, shape, free, *, batched):
+        if batched:
             raise ValueError("does not fit")
 
-    monkeypatch.setattr(loop, "check_replica_memory", check)
-    source = types.SimpleNamespace(train_x=torch.zeros(1, 3, 8, 8), num_classes=10)
+    monkeypatch.setattr(run_plan, "check_replica_memory", check)
+    plan = run_plan.RunPlan(device=torch.device("cuda"), engine="packed", threads=0,
+                            precision="tf32", deterministic=False, memory_format="contiguous",
+                            compile=False)
     asked = TrainConfig(dataset="synthetic", world_size=2)
-    ran = loop._fit_on_gpu(
-        TrainConfig(dataset="synthetic", world_size=2, batched=True, packed=True), source,
-        torch.device("cuda"), asked)
-    assert ran.batched is False and ran.packed is False
+    ran = run_plan.fit_to_memory(plan, asked, 10, (3, 8, 8), free_bytes=1)
+    assert ran.engine == "sequential" and not ran.batched and not ran.packed
+    assert ran.applied(asked).batched is False and ran.applied(asked).packed is False
+    # a batched engine the config asks for by name is not swapped: the error stands
+    with pytest.raises(ValueError, match="does not fit"):
+        run_plan.fit_to_memory(plan, dataclasses.replace(asked, batched=True), 10, (3, 8, 8), 1)
 
 
 def test_each_batchnorm_keeps_its_own_mode_when_packed():

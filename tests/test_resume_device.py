@@ -107,8 +107,8 @@ def test_auto_precision_is_tf32_on_cuda_and_exactly_fp32_on_a_cpu(synth):
 
 
 def test_auto_batched_is_the_batched_engine_for_replicas_on_cuda_only(synth):
+    from localsgd.run_plan import use_batched
     from localsgd.runner_args import _field_parser
-    from localsgd.train import use_batched
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     cfg = TrainConfig(world_size=4)
@@ -197,7 +197,7 @@ def test_phase_clock_on_cuda_records_events_and_waits_once(monkeypatch):
 
 
 def test_replicas_that_do_not_fit_stop_before_training_with_the_largest_k():
-    from localsgd.train import check_replica_memory
+    from localsgd.run_plan import check_replica_memory
 
     cfg = TrainConfig(model="resnet20", width=0.25, world_size=8, local_batch=32, batched=True)
     shape = (3, 32, 32)

@@ -34,14 +34,19 @@ def _dataset():
     return data.load_image_dataset("synthetic").subset(128, 32, seed=0)
 
 
-def _alone(cfg: TrainConfig) -> pd.DataFrame:
-    """``cfg`` trained alone (its ``batched``/``packed`` as given)."""
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # bitwise equality needs one intra-op thread: a pack's tensors are larger than a run's
+    # alone, and with more threads torch splits a reduction by its size (CI runs with one)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    try:
-        return train(cfg, dataset=_dataset(), progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _alone(cfg: TrainConfig) -> pd.DataFrame:
+    """``cfg`` trained alone (its ``batched``/``packed`` as given)."""
+    return train(cfg, dataset=_dataset(), progress=False)
 
 
 def _assert_same(packed: pd.DataFrame, alone: pd.DataFrame, what: str, tol: float = 0.0):

@@ -42,6 +42,7 @@ from localsgd.distributed import init_from_env
 from localsgd.engines.common import clone_tensors
 from localsgd.engines.ddp import DDPEngine
 from localsgd.paths import append_event
+from localsgd.run_plan import plan_run
 from localsgd.runner_args import (
     SWEEP_OPTIONS,
     add_run_arguments,
@@ -105,13 +106,15 @@ def _single(args: argparse.Namespace, rank: int, world: int) -> int:
         except (ValueError, OSError) as err:  # the same message on every rank
             return _fail(rank, err)
         if args.compare_eager:
-            eager = _run_once(args, cfg, args.out / "eager", None, rank, world, dataset=dataset)
+            eager = _run_once(args, cfg, args.out / "eager", None, rank, world, placement,
+                              dataset=dataset)
             compiled = _run_once(args, cfg, args.out / args.compile, args.compile, rank, world,
+                                 placement,
                                  dataset=dataset)
             if rank == 0:
                 return _compare(eager, compiled, args)
             return 0
-        return 0 if _run_once(args, cfg, args.out, args.compile, rank, world,
+        return 0 if _run_once(args, cfg, args.out, args.compile, rank, world, placement,
                               dataset=dataset) is not None else 2
     finally:
         dist.destroy_process_group()
@@ -148,7 +151,7 @@ def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
                 except (ValueError, OSError) as err:  # the same message on every rank
                     return _fail(rank, err)
             dist.barrier()  # every run starts from aligned ranks (the previous one's tails)
-            summary = _run_once(run, cfg, args.out / name, run.compile, rank, world,
+            summary = _run_once(run, cfg, args.out / name, run.compile, rank, world, placement,
                                 dataset=datasets[key])
             if summary is None:
                 return 2
@@ -171,14 +174,19 @@ def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
 
 
 def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, rank: int,
-              world: int, dataset=None) -> dict | None:
-    """Train ``cfg`` once (this rank's worker) and write the outputs on rank 0; the summary on
-    rank 0, {} on the others, None after an error (printed)."""
+              world: int, placement: device_rule.Placement, dataset=None) -> dict | None:
+    """Train ``cfg`` once (this rank's worker at ``placement``) and write the outputs on rank
+    0; the summary on rank 0, {} on the others, None after an error (printed)."""
     holder: list[DDPEngine] = []
     options = {**engine_options(args, cfg.seed), "compile": compile}
+    try:
+        plan = plan_run(cfg, "ddp", placement=placement)
+    except ValueError as err:
+        _fail(rank, err)
+        return None
 
     def make_engine(c, n_train, num_classes):
-        holder.append(build_engine(c, n_train, num_classes, kind="ddp", **options))
+        holder.append(build_engine(c, n_train, num_classes, kind="ddp", plan=plan, **options))
         return holder[0]
 
     checkpoints = out / "checkpoints"
@@ -190,7 +198,8 @@ def _run_once(args: argparse.Namespace, cfg, out: Path, compile: str | None, ran
                         checkpoint_every_steps=args.checkpoint_every,
                         resume=args.resume is not None,
                         progress=not args.no_progress and rank == 0,
-                        on_phases=_phases_writer(args.phases) if rank == 0 else None)
+                        on_phases=_phases_writer(args.phases) if rank == 0 else None,
+                        plan=plan)
     except (ValueError, OSError) as err:  # bad checkpoint, configuration or data: every rank
         _fail(rank, err)
         return None

@@ -44,8 +44,6 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
-from localsgd import device as device_rule
-from localsgd import memory as memory_mod
 from localsgd import models as models_mod
 from localsgd import numerics
 from localsgd.batch_sources import (
@@ -55,12 +53,12 @@ from localsgd.batch_sources import (
 )
 from localsgd.checkpoint import load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
-from localsgd.engines import packed as packing
 from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.engines.ddp import DDPEngine
 from localsgd.engines.replicas import ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
+from localsgd.run_plan import RunPlan, fit_to_memory, plan_run
 from localsgd.schedule import SyncSchedule
 from localsgd.train_config import TrainConfig
 from localsgd.train_state import Run, Totals
@@ -102,25 +100,6 @@ def lr_schedule(cfg: TrainConfig, n_train: int) -> LRSchedule:
 
 
 ENGINES = ("replicas", "ddp")
-
-
-def use_batched(cfg: TrainConfig, device: torch.device, replicas: bool = True) -> bool:
-    """Whether ``cfg`` runs the batched replica engine: ``cfg.batched`` itself, or for 'auto':
-    yes on CUDA for K >= 2 replicas in this process (``replicas``), no elsewhere."""
-    if cfg.batched != "auto":
-        return bool(cfg.batched)
-    return replicas and device.type == "cuda" and cfg.world_size >= 2
-
-
-def use_packed(cfg: TrainConfig, device: torch.device) -> bool:
-    """Whether the batched engine packs ``cfg``'s replicas into channel groups: ``cfg.packed``
-    itself, or for 'auto': yes on CUDA where the model supports it (`localsgd.engines.packed`)."""
-    if cfg.packed != "auto":
-        return bool(cfg.packed)
-    if device.type != "cuda":
-        return False
-    with torch.device("meta"):  # the model's structure only: no memory, no init cost
-        return packing.supports(models_mod.build_model(cfg.model, width=cfg.width))
 
 
 class EngineParts(NamedTuple):
@@ -180,12 +159,12 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
-                 threads: int | None = None, **options: Any) -> Engine:
-    """The engine for ``cfg``: ``kind="replicas"`` (sequential, or batched with
-    ``cfg.batched``) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
+                 plan: RunPlan | None = None, **options: Any) -> Engine:
+    """The engine for ``cfg``: ``kind="replicas"`` (sequential, batched or packed as ``plan``
+    says) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
     (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
-    ``threads``: the sequential engine's host threads (default ``cfg.host_threads`` or 1;
-    `train` passes what `host_threads` resolved)."""
+    ``plan``: how this machine runs it (default `localsgd.run_plan.plan_run` of ``cfg`` for
+    ``kind``); its device, engine and host threads are used as they are."""
     if kind not in ENGINES:
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
     if kind == "replicas" and options:
@@ -193,71 +172,22 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     if kind == "ddp" and cfg.peers_per_step != 1:
         raise ValueError(f"peers_per_step={cfg.peers_per_step}: the ddp engine gossips with one "
                          "peer per round; use peers_per_step=1 or the replicas engine")
-    if kind == "ddp" and cfg.batched is True:
-        raise ValueError("batched=True vmaps K replicas in one process; the ddp engine runs one "
-                         "worker per process: set batched=False (or 'auto')")
+    if plan is None:  # built outside `train`, which sets torch's threads for its plan: the
+        # replicas take host threads only where the config names them
+        plan = dataclasses.replace(plan_run(cfg, kind), threads=cfg.host_threads)
     parts = engine_parts(cfg, n_train, num_classes)
-    device = run_device(cfg)
     if kind == "ddp":
         return DDPEngine(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
                          lr_schedule=parts.lr_schedule, seed=parts.seed,
-                         average_buffers=parts.average_buffers, device=device,
+                         average_buffers=parts.average_buffers, device=plan.device,
                          num_classes=num_classes, **options)
-    batched = use_batched(cfg, device)
-    kw = ({"packed": cfg.packed, "compile": cfg.compile_replicas} if batched
-          else {"threads": threads or max(1, cfg.host_threads)})
-    engine_cls = BatchedReplicaEngine if batched else ReplicaEngine
+    kw = ({"packed": plan.packed, "compile": cfg.compile_replicas} if plan.batched
+          else {"threads": max(1, plan.threads)})
+    engine_cls = BatchedReplicaEngine if plan.batched else ReplicaEngine
     return engine_cls(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
                       lr_schedule=parts.lr_schedule, seed=parts.seed,
                       average_buffers=parts.average_buffers,
-                      peers_per_step=parts.peers_per_step, device=device, **kw)
-
-
-def host_threads(cfg: TrainConfig, device: torch.device, default_engine: bool = True) -> int:
-    """Host threads a run of ``cfg`` spreads its replicas over (`TrainConfig.host_threads`,
-    0 resolved from torch's intra-op threads now), or 0 where torch's threads are left alone:
-    off the CPU, the batched engine, a single worker, or an engine ``train`` did not build."""
-    if (device.type != "cpu" or use_batched(cfg, device) or not default_engine
-            or (cfg.world_size < 2 and not cfg.host_threads)):
-        return 0
-    return cfg.host_threads or min(cfg.world_size, torch.get_num_threads())
-
-
-def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[int, ...],
-                         free_bytes: int, reserve_bytes: int = 1 << 30) -> None:
-    """Raise a ValueError naming the largest K that fits when the replica engine's K replicas
-    (`localsgd.memory`'s estimate: parameters, gradients, optimizer and outer state, buffers,
-    inputs, activations at B_loc; batched or sequential) need more than ``free_bytes`` less
-    ``reserve_bytes`` (the CUDA context and allocator slack)."""
-    dtype = getattr(torch, cfg.dtype)
-
-    def model_fn() -> nn.Module:
-        return models_mod.build_model(cfg.model, num_classes=num_classes, width=cfg.width)
-
-    outer = cfg.momentum_scheme in ("global", "hybrid") or cfg.slowmo_frequency is not None
-    batched = use_batched(cfg, torch.device("cuda"))  # this check runs for CUDA runs
-    kw = {"batched": batched, "outer": outer,
-          "optimizer": "sgd_momentum" if cfg.momentum > 0 else "sgd"}
-    need = memory_mod.estimate_replica_memory(model_fn, cfg.world_size, cfg.local_batch,
-                                              input_shape, dtype, **kw)
-    if need <= free_bytes - reserve_bytes:
-        return
-    fit = memory_mod.max_replicas(model_fn, cfg.local_batch, input_shape, free_bytes, dtype,
-                                  reserve_bytes=reserve_bytes, k_max=cfg.world_size, **kw)
-    gib = 1 << 30
-    raise ValueError(
-        f"{cfg.world_size} {'batched ' if batched else ''}replicas of {cfg.model} (width "
-        f"{cfg.width:g}) at B_loc = {cfg.local_batch} need about {need / gib:.1f} GiB of device "
-        f"memory, {free_bytes / gib:.1f} GiB are free (keeping {reserve_bytes / gib:.1f} GiB "
-        f"back): at most {fit} fit. Use batched=False (one replica's activations at a time), "
-        "fewer workers, or the torchrun runner (one GPU per worker)")
-
-
-def run_device(cfg: TrainConfig) -> torch.device:
-    """The device of this process's workers by `localsgd.device`'s rule, as one process sees
-    it: 'cuda' is cuda:0 for the replica engines (the torchrun runner has already placed its
-    config on cuda:LOCAL_RANK); an absent GPU or index is a `DeviceError` naming the fix."""
-    return device_rule.resolve_from_env(cfg.device, torchrun=False).device
+                      peers_per_step=parts.peers_per_step, device=plan.device, **kw)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,6 +240,7 @@ def train(
     checkpoint_every_steps: int = 0,
     limit: RunLimit | None = None,
     on_phases: Callable[[dict], None] | None = None,
+    plan: RunPlan | None = None,
 ) -> pd.DataFrame:
     """Train ``cfg`` and return ``cfg.records_per_epoch`` records per epoch (and one at the last
     update).
@@ -335,6 +266,9 @@ def train(
             device's busy seconds beside them (``device_busy``), plus ``updates`` run,
             ``first_rank``, ``torchrun``, ``model`` and ``world_size`` (the reproduction's
             profiler records them).
+        plan: how this machine runs ``cfg`` (default `localsgd.run_plan.plan_run` for the
+            replica engine, or for ``engine``); the torchrun runner passes the plan of its
+            placement.
 
     Record columns: epoch (one worker's epochs), step, train_loss / train_acc (workers' mini-
     batches since the previous record, before each update, augmented), test_loss / test_acc
@@ -343,91 +277,68 @@ def train(
     wall_seconds, and per level i: group_l{i}, sync_l{i} (model averages),
     gradsync_l{i} (gradient all-reduces); gossip_rounds and outer_steps; plus the config.
 
-    On a CPU with K >= 2 replicas (`host_threads`) every op runs single-threaded for the run
+    On a CPU with K >= 2 replicas (`RunPlan.threads`) every op runs single-threaded for the run
     and the replicas (and evaluation batches) side by side; torch's thread count is restored
     afterwards.
     """
-    device = run_device(cfg)  # a bad device fails here, before any data is loaded
-    threads = host_threads(cfg, device, default_engine=engine is None)
-    # the 'auto' fields decided for this device: the records show what ran; checkpoints keep
-    # the configuration as asked (a resume compares with that)
-    asked = cfg
-    batched = use_batched(cfg, device, replicas=engine is None)
-    cfg = dataclasses.replace(cfg, precision=numerics.resolve_precision(cfg.precision, device),
-                              batched=batched, packed=batched and use_packed(cfg, device))
+    if plan is None:  # a bad device fails here, before any data is loaded
+        plan = plan_run(cfg, "given" if engine is not None else "replicas")
     saved_threads = torch.get_num_threads()
-    if threads:
+    if plan.threads:
         torch.set_num_threads(1)
     try:
-        return _train(cfg, device, threads, dataset, checkpoint_path, checkpoint_every, resume,
-                      progress, on_step, engine, checkpoint_every_steps, limit, on_phases,
-                      asked)
+        return _train(cfg, plan, dataset, checkpoint_path, checkpoint_every, resume, progress,
+                      on_step, engine, checkpoint_every_steps, limit, on_phases)
     finally:
         torch.set_num_threads(saved_threads)
 
 
-def _fit_on_gpu(cfg: TrainConfig, source: MemoryBatches | StreamedBatches,
-                device: torch.device, asked: TrainConfig | None) -> TrainConfig:
-    """``cfg`` if its K replicas fit the GPU's free memory, the sequential engine's ``cfg`` if
-    'auto' chose the batched one and only that does not fit; else `check_replica_memory`'s
-    error."""
-    shape = ((3, cfg.image_size, cfg.image_size) if isinstance(source, StreamedBatches)
-             else tuple(source.train_x.shape[1:]))
-    free = torch.cuda.mem_get_info(device)[0]
-    try:
-        check_replica_memory(cfg, source.num_classes, shape, free)
-    except ValueError:
-        if not (asked is not None and asked.batched == "auto" and cfg.batched):
-            raise
-        # 'auto' chose the batched engine, whose K replicas' activations do not fit at once
-        cfg = dataclasses.replace(cfg, batched=False, packed=False)
-        print(f"batched replicas of {cfg.model} do not fit: running them one after another")
-        check_replica_memory(cfg, source.num_classes, shape, free)
-    return cfg
-
-
-def _resume(state: dict, engine: Engine, cfg: TrainConfig, asked: TrainConfig | None,
+def _resume(state: dict, engine: Engine, plan: RunPlan, asked: TrainConfig,
             checkpoint_path: Any) -> tuple[list[dict], Totals]:
     """Load a checkpoint's ``state`` into ``engine``; its records and totals. Fails in one line
-    when 'auto' would now choose the other replica engine than the one that wrote it."""
-    ran = state.get("ran", {})  # what 'auto' chose when the checkpoint was written
-    if ran.get("batched", cfg.batched) != cfg.batched:
+    when this machine's plan runs another replica engine than the one that wrote it."""
+    ran = state.get("ran", {})  # the plan the checkpoint was written under
+    if ran.get("batched", plan.batched) != plan.batched:
         written = "batched" if ran["batched"] else "sequential"
         raise ValueError(
             f"checkpoint {checkpoint_path} was written by the {written} replica engine, "
-            f"this run would use the {'batched' if cfg.batched else 'sequential'} one "
-            f"(batched: {asked.batched if asked else cfg.batched!r}); resume with "
-            f"batched={ran['batched']}")
+            f"this run would use the {'batched' if plan.batched else 'sequential'} one "
+            f"(batched: {asked.batched!r}); resume with batched={ran['batched']}")
     engine.load_state_dict(state["engine"])
     return list(state["records"]), Totals(**state["totals"])
 
 
-def _train(cfg: TrainConfig, device: torch.device, threads: int, dataset, checkpoint_path,
-           checkpoint_every, resume, progress, on_step, engine, checkpoint_every_steps, limit,
-           on_phases, asked: TrainConfig | None = None) -> pd.DataFrame:
-    """`train`'s body, with torch's threads already set for ``threads`` (0: left alone)."""
+def _train(asked: TrainConfig, plan: RunPlan, dataset, checkpoint_path, checkpoint_every,
+           resume, progress, on_step, engine, checkpoint_every_steps, limit,
+           on_phases) -> pd.DataFrame:
+    """`train`'s body, with torch's threads already set for ``plan.threads`` (0: left alone);
+    ``asked``: the config as asked (checkpoints keep it, a resume compares with it)."""
     t_start = time.perf_counter()
-    numerics.apply_numerics(cfg.precision, cfg.deterministic, device)  # resolved by train()
-    ds = dataset if dataset is not None else load_dataset(cfg)
-    source = (StreamedBatches(ds, cfg, device) if isinstance(ds, data_mod.ImageFolders)
-              else MemoryBatches(ds, cfg, device))
-    steps_per_epoch, total = update_counts(cfg, source.n_train)
+    device = plan.device
+    numerics.apply_numerics(plan.precision, plan.deterministic, device)
+    ds = dataset if dataset is not None else load_dataset(asked)
+    source = (StreamedBatches(ds, asked, device) if isinstance(ds, data_mod.ImageFolders)
+              else MemoryBatches(ds, asked, device))
+    steps_per_epoch, total = update_counts(asked, source.n_train)
     if limit is not None:
         total = min(total, limit.updates)
         source.eval_limit = limit.eval_images
     if device.type == "cuda" and engine is None:  # K replicas on one GPU: stop now, not at OOM
-        cfg = _fit_on_gpu(cfg, source, device, asked)
+        shape = ((3, asked.image_size, asked.image_size) if isinstance(source, StreamedBatches)
+                 else tuple(source.train_x.shape[1:]))
+        plan = fit_to_memory(plan, asked, source.num_classes, shape,
+                             torch.cuda.mem_get_info(device)[0])
+    cfg = plan.applied(asked)  # the records show what ran
     engine = (engine(cfg, source.n_train, source.num_classes) if engine is not None
-              else build_engine(cfg, source.n_train, source.num_classes, threads=max(1, threads)))
-    run = Run(cfg, asked, engine, source, device,
-               numerics.memory_format(cfg.memory_format, device), threads, checkpoint_path)
+              else build_engine(cfg, source.n_train, source.num_classes, plan=plan))
+    run = Run(cfg, asked, engine, source, plan, checkpoint_path)
     state = None
     if run.per_rank is not None and resume:
-        state = run.per_rank.load_latest(asked or cfg)
+        state = run.per_rank.load_latest(asked)
     elif checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
-        state = load_checkpoint(checkpoint_path, asked or cfg)
+        state = load_checkpoint(checkpoint_path, asked)
     if state is not None:
-        run.records, run.tot = _resume(state, engine, cfg, asked, checkpoint_path)
+        run.records, run.tot = _resume(state, engine, plan, asked, checkpoint_path)
         if run.ranks[0] == 0:  # a resumed run says so, once: it never silently restarts
             print(f"resumed from update {engine.t} of {total} (checkpoint in "
                   f"{Path(checkpoint_path).parent})", flush=True)

@@ -14,7 +14,6 @@ resumes (bitwise on a CPU, as `train`).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,7 +30,8 @@ from localsgd.batch_sources import MemoryBatches, load_dataset
 from localsgd.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
 from localsgd.engines.common import Deferred
 from localsgd.engines.run_pack import RunPack
-from localsgd.train import RunLimit, engine_parts, run_device, update_counts, use_packed
+from localsgd.run_plan import plan_run
+from localsgd.train import RunLimit, engine_parts, update_counts
 from localsgd.train_config import TrainConfig
 from localsgd.train_state import Run
 
@@ -94,12 +94,11 @@ def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | 
         raise ValueError("deadline needs checkpoint_path: a run stopped by time resumes there")
     check_packable(cfgs)
     asked = list(cfgs)
-    device = run_device(asked[0])
-    packed = use_packed(asked[0], device)
-    cfgs = [dataclasses.replace(c, precision=numerics.resolve_precision(c.precision, device),
-                                batched=True, packed=packed) for c in asked]
+    plan = plan_run(asked[0], "pack")  # `check_packable`: one plan serves every run
+    device = plan.device
+    cfgs = [plan.applied(c) for c in asked]
     t_start = time.perf_counter()
-    numerics.apply_numerics(cfgs[0].precision, cfgs[0].deterministic, device)
+    numerics.apply_numerics(plan.precision, plan.deterministic, device)
     ds = dataset if dataset is not None else load_dataset(cfgs[0])
     source = MemoryBatches(ds, cfgs[0], device)
     steps_per_epoch, total = update_counts(cfgs[0], source.n_train)
@@ -107,10 +106,9 @@ def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | 
         total = min(total, limit.updates)
         source.eval_limit = limit.eval_images
     pack = RunPack([engine_parts(c, source.n_train, source.num_classes) for c in cfgs], device,
-                   packed=packed, compile=cfgs[0].compile_replicas)
-    layout = numerics.memory_format(cfgs[0].memory_format, device)
+                   packed=plan.packed, compile=plan.compile)
     # each run its own source: its epoch's partition is cached there (the data is shared)
-    runs = [Run(cfg, a, eng, copy.copy(source), device, layout, 0, None)
+    runs = [Run(cfg, a, eng, copy.copy(source), plan, None)
             for cfg, a, eng in zip(cfgs, asked, pack.runs, strict=True)]
     if checkpoint_path is not None and resume and Path(checkpoint_path).is_file():
         _resume(runs, pack, checkpoint_path)

@@ -22,6 +22,7 @@ from localsgd import numerics
 from localsgd.batch_sources import MemoryBatches, StreamedBatches, combine_eval
 from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpoint
 from localsgd.engines import Engine
+from localsgd.run_plan import RunPlan
 from localsgd.train_config import TrainConfig
 
 __all__ = ["DEVICE_BUSY", "LOOP_PHASES", "Run", "Totals", "Unread", "timed_by_events"]
@@ -128,15 +129,14 @@ class Unread:
 @dataclass
 class Run:
     """What one `train` call carries between its updates (`_train` is the loop): the engine
-    and the batches, the totals since the last record, the records and the phases' seconds."""
+    and the batches, the plan they run by (`localsgd.run_plan.RunPlan`), the totals since the
+    last record, the records and the phases' seconds."""
 
     cfg: TrainConfig
     asked: TrainConfig | None
     engine: Engine
     source: MemoryBatches | StreamedBatches
-    device: torch.device
-    layout: torch.memory_format
-    threads: int
+    plan: RunPlan
     checkpoint_path: Any
     records: list[dict] = field(default_factory=list)
     phases: dict[str, float] = field(
@@ -155,6 +155,10 @@ class Run:
         self.tot = Totals(sync=[0] * levels, gradsync=[0] * levels,
                            step_seconds=[[] for _ in ranks])
 
+    @property
+    def device(self) -> torch.device:
+        return self.plan.device
+
     def settle(self, also: torch.Tensor | None = None) -> list[float]:
         return self.unread.settle(self.tot, self.phases, images=self.cfg.local_batch,
                                   workers=len(self.ranks), also=also,
@@ -163,7 +167,7 @@ class Run:
     def snapshot(self) -> dict:
         self.settle()
         return {"format": CHECKPOINT_FORMAT, "config": (self.asked or self.cfg).to_dict(),
-                "ran": {"batched": self.cfg.batched, "precision": self.cfg.precision},
+                "ran": {**self.plan.to_dict(), "batched": self.plan.batched},
                 "engine": self.engine.state_dict(),
                 "records": self.records, "totals": dataclasses.asdict(self.tot)}
 
@@ -183,7 +187,7 @@ class Run:
         stats: dict = {}
         # bf16 autocast around the whole step: it only changes the forward's matmuls and
         # convolutions (backward follows their dtypes; SGD and averaging stay float32)
-        with numerics.autocast(self.cfg.precision, self.device):
+        with numerics.autocast(self.plan.precision, self.device):
             losses, action = self.engine.step(batches, nn.functional.cross_entropy, stats=stats,
                                               sync=False)
         self.account(losses, stats, action, time.perf_counter() - t1)
@@ -192,7 +196,7 @@ class Run:
         """This process's workers' mini-batches of update ``pos`` of ``epoch`` (``parts``: the
         epoch's partition), in the run's dtype and layout, cut by ``limit``."""
         cfg = self.cfg
-        batches = [(x.to(getattr(torch, cfg.dtype), memory_format=self.layout), y) for x, y in
+        batches = [(x.to(getattr(torch, cfg.dtype), memory_format=self.plan.layout), y) for x, y in
                    self.source.batches(parts, epoch, pos, self.ranks, self.engine.generators,
                                        cfg.local_batch)]
         if limit is not None and limit.batch is not None:
@@ -218,8 +222,8 @@ class Run:
         # each process evaluates its shard of the test batches (under torchrun: 1/K each); its
         # sums are read with the unread updates' in one host read (on CUDA, the device's
         # evaluation time lands in the compute phase's wait)
-        pending = source.eval_sums(engine.averaged_model(), self.layout, max(1, self.threads),
-                                   self.shard)
+        pending = source.eval_sums(engine.averaged_model(), self.plan.layout,
+                                   max(1, self.plan.threads), self.shard)
         self.phases["evaluate"] += time.perf_counter() - t_eval
         mine = pending.read(self.settle(pending.sums))
         acc, loss = combine_eval(engine.all_gather_object(mine))

@@ -349,28 +349,60 @@ def notebooks_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "notebooks"
 
 
+BASE_MODE = "quick"  # the mode the committed parameters cells hold
+
+
 def mode_values(found: Mapping[str, Any], notebook: str,
                 folder: Path | None = None) -> dict[str, Any]:
     """The parameters a notebook runs with when its cell says ``mode``: the mode's file
-    (``notebooks/params/<notebook>/<mode>.yaml``) over the cell's defaults, and every value the
-    user changed from the default on top (the user's edits win). ``found``: the cell's values as
-    run. The cell's own default mode takes no file (its defaults are that mode's values); a mode
-    without a file is a ParameterError naming the modes that have one."""
-    import yaml  # deferred: only a notebook run interactively with another mode reads a file
+    (``notebooks/params/<notebook>/<mode>.yaml``) over the cell's values, and every value the
+    user changed on top (the user's edits win). ``found``: the cell's values as run.
+
+    What the user changed is judged against the `BASE_MODE` file (which lists every name any
+    mode's file sets, with the committed cell's value) over the cell as saved, never against
+    the cell alone: a notebook saved with ``mode = "converged"`` still takes the converged file,
+    and edits saved before the switch still win. A mode without a file is a ParameterError
+    naming the modes that have one (the base mode's values are the cell's own)."""
+    import yaml  # deferred: only a notebook run interactively reads a mode's file
 
     folder = notebooks_dir() if folder is None else Path(folder)
-    defaults = cell_defaults(folder / f"{notebook}.ipynb")
     mode = found.get("mode")
-    if mode is None or mode == defaults.get("mode"):
+    if mode is None:
         return dict(found)
-    path = folder / "params" / notebook / f"{mode}.yaml"
+    params_dir = folder / "params" / notebook
+    path = params_dir / f"{mode}.yaml"
     if not path.is_file():
-        have = sorted(p.stem for p in (folder / "params" / notebook).glob("*.yaml"))
+        if mode == BASE_MODE:
+            return dict(found)
+        have = sorted(p.stem for p in params_dir.glob("*.yaml"))
         raise ParameterError(f"mode = {mode!r}: {notebook} has no {path.name} (modes with a "
                              f"file: {', '.join(have) or 'none'})")
+    base_file = params_dir / f"{BASE_MODE}.yaml"
+    base = {**cell_defaults(folder / f"{notebook}.ipynb"),
+            **((yaml.safe_load(base_file.read_text()) or {}) if base_file.is_file() else {})}
     file = yaml.safe_load(path.read_text()) or {}
-    changed = {k: v for k, v in found.items() if k not in defaults or v != defaults[k]}
+    changed = {k: v for k, v in found.items()
+               if k != "mode" and (k not in base or v != base[k])}
     return {**found, **file, **changed}
+
+
+# the kept runs' folder `params` set for a converged-mode run by hand (unset again by a run in
+# another mode, so a later quick run in the same kernel never writes to the committed folder)
+_runs_set: str | None = None
+
+
+def _point_at_kept_runs(mode: Any) -> None:
+    """Converged mode reads (and adds to) the committed kept runs, as `localsgd reproduce`
+    does; any other mode undoes what an earlier converged run in this kernel set."""
+    global _runs_set
+    if mode == "converged":
+        if RUNS_ENV not in os.environ:
+            _runs_set = str(notebooks_dir().parent / "figures" / "converged" / "runs")
+            os.environ[RUNS_ENV] = _runs_set
+    elif _runs_set is not None:
+        if os.environ.get(RUNS_ENV) == _runs_set:
+            os.environ.pop(RUNS_ENV)
+        _runs_set = None
 
 
 def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None, *,
@@ -403,9 +435,7 @@ def params(namespace: Mapping[str, Any], rules: Mapping[str, Rule] | None = None
             found = mode_values(found, notebook)
             if isinstance(namespace, dict):
                 namespace.update(found)  # later cells that read a bare name see the mode's
-            if found.get("mode") == "converged":  # its committed kept runs, as reproduce reads
-                os.environ.setdefault(RUNS_ENV, str(notebooks_dir().parent / "figures"
-                                                    / "converged" / "runs"))
+            _point_at_kept_runs(found.get("mode"))
     unknown = [name for name in found if name not in table]
     if unknown:
         hints = []
