@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 # Table 5's smoke grid: two models (each its own pack) x H = 1, 8 (one pack each)
 SMOKE = campaign.Entry("t5-smoke", "Table 5 at smoke size", "table05_models", mode="smoke",
-                       sets={"datasets": ["cifar10"]})
+                       sets={"datasets": ["cifar10"], "batched": "auto"})
 
 
 @pytest.fixture()
@@ -54,7 +54,8 @@ def test_the_render_draws_from_the_kept_runs_without_training(tmp_path, cifar):
     out = tmp_path / "render"
     proc = subprocess.run(
         [sys.executable, "-m", "localsgd", "reproduce", "--mode", "smoke", "--only",
-         "table05_models", "--set", 'datasets=["cifar10"]', "--out-dir", str(out),
+         "table05_models", "--set", 'datasets=["cifar10"]', "--set", 'batched="auto"',
+         "--out-dir", str(out),
          "--build-dir", str(tmp_path / "build"), "--no-report"],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -124,3 +125,15 @@ def test_unknown_entry_ids_fail_in_one_line(capsys):
     frame = pd.DataFrame(campaign.plan(NOTEBOOKS, ROOT / "figures", "NVIDIA H200",
                                        entries=[campaign.ENTRIES[0]]))
     assert frame["runs"].tolist() == [1]
+
+
+def test_an_entry_asking_for_the_sequential_engine_is_refused_in_one_line():
+    # a pack runs the batched engine: keeping the run under batched: false would misname it
+    entry = campaign.Entry("t5-seq", "Table 5, sequential", "table05_models", mode="smoke",
+                           sets={"datasets": ["cifar10"], "batched": False})
+    with pytest.raises(ValueError, match="set batched: auto in notebooks/params/table05_models/"
+                                         "smoke.yaml"):
+        campaign.entry_configs(entry, NOTEBOOKS)
+    # every entry of the campaign asks for what its packs run, on the device reproduce asks for
+    for e in campaign.ENTRIES:
+        assert {c.device for c in campaign.entry_configs(e, NOTEBOOKS)} == {"cuda"}, e.id

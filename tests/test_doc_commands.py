@@ -205,9 +205,9 @@ RUNS = [
         "paper notebook dry)", _prints("fig08_imagenet", "dynamo_ddp", "torchrun")),
     Run(r"^localsgd reproduce --mode paper --plan$", check=_prints("TOTAL")),
     Run(r"^localsgd campaign --plan$", check=_prints("15-minute stints", "TOTAL")),
-    Run(r"^localsgd campaign --device cuda --budget 10$",
+    Run(r"^localsgd campaign --budget 10$",
         "--toy --only table03-8x2-lr --figures figures",
-        "toy size on the CPU (--toy overrides the device) into the temporary folder, one entry "
+        "toy size on the CPU (--toy sets the device) into the temporary folder, one entry "
         "(tests/test_campaign.py trains, keeps, skips and renders)",
         _all(_prints("campaign: 1 runs kept"), _files("figures/paper/runs/train-*.csv")),
         needs_cifar=True),

@@ -102,6 +102,15 @@ def test_stored_parameters_decide_not_the_file_name():
     assert not same_run({**cfg.to_dict(), "local_steps": "four"}, cfg)
 
 
+def test_one_value_has_one_key_however_it_is_spelled():
+    # `--set epochs=20` or a cell edit `epochs = 20` is the run kept as epochs 20.0
+    cfg = TrainConfig(epochs=20.0, decay_fractions=(0.5, 0.75))
+    for spelled in ({"epochs": 20}, {"decay_fractions": [0.5, 0.75]}, {"lr": 0.1}):
+        other = dataclasses.replace(cfg, **spelled)
+        assert key_of(other) == key_of(cfg) and grid._entry(other) == grid._entry(cfg)
+    assert key_of(dataclasses.replace(cfg, epochs=21)) != key_of(cfg)
+
+
 @pytest.mark.filterwarnings("ignore:runs in")
 def test_every_committed_kept_run_is_found_under_its_parameters(monkeypatch):
     monkeypatch.setenv(grid.RUNS_ENV, str(KEPT))

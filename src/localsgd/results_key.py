@@ -8,12 +8,14 @@ helper or adding a config field with a default keeps every kept run. What guards
 instead is ``tests/test_golden_records.py``: tiny runs of every schedule kind and engine, their
 records committed under ``tests/golden/``; a change to the arithmetic of results fails it
 until `RESULTS_VERSION` is bumped (which retires every run kept under the old version) and the
-golden records are written again (``python tests/golden/write.py``).
+golden records are written again (``python tests/golden_records.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,16 +51,34 @@ UNUSED_WHEN = {
 def results_key(cfg: TrainConfig) -> dict[str, Any]:
     """The run's key: every field that can change its records (not `NOT_IN_KEY`, not unused
     by this run, `UNUSED_WHEN`) and is not at its default (a field added later with a default
-    therefore leaves older keys as they were), plus ``results_version``. The values are JSON's
-    (a tuple is a list)."""
+    therefore leaves older keys as they were), plus ``results_version``. The values are JSON's,
+    one spelling per value (`_normal`)."""
     key: dict[str, Any] = {"results_version": RESULTS_VERSION}
     for field in dataclasses.fields(TrainConfig):
         value = getattr(cfg, field.name)
         unused = field.name in UNUSED_WHEN and UNUSED_WHEN[field.name][0](cfg)
         if field.name in NOT_IN_KEY or unused or value == _default(field):
             continue
-        key[field.name] = list(value) if isinstance(value, tuple) else value
+        key[field.name] = _normal(value, field.name)
     return key
+
+
+@functools.cache
+def _float_fields() -> frozenset[str]:
+    """The fields annotated float (or float | None): 20 and 20.0 are one value there."""
+    hints = typing.get_type_hints(TrainConfig)
+    return frozenset(name for name, hint in hints.items()
+                     if hint is float or float in typing.get_args(hint))
+
+
+def _normal(value: Any, name: str) -> Any:
+    """``value`` as JSON writes it, one spelling per value: a tuple is a list, an int in a
+    float field a float (``epochs=20`` and ``epochs=20.0`` are the same run, one file)."""
+    if isinstance(value, tuple | list):
+        return [_normal(v, name) for v in value]
+    if name in _float_fields() and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def same_run(stored: Mapping[str, Any], cfg: TrainConfig) -> bool:

@@ -1,5 +1,5 @@
-"""``localsgd campaign``: the paper's CIFAR experiments at the paper's own scale (and the
-converged proxy's runs), a few minutes of a lent GPU at a time.
+"""``localsgd campaign``: the paper's CIFAR experiments at the paper's own scale, a few minutes
+of a lent GPU at a time.
 
 `ENTRIES` is the priority list, each a claim's runs as a notebook builds them in a mode
 (``sets``: the notebook parameters that cut its grid to the claim, the same ``--set`` values
@@ -8,9 +8,13 @@ yet, in that order, groups them into packs (`localsgd.train_runs`: runs that dif
 seed, schedule, lr, momentum or outer step share one stack of R·K replicas, at most
 ``max_replicas``), and trains packs while the budget lasts: a pack cut off by the budget leaves
 its checkpoint in ``<runs>/packs/`` for the next GPU to resume (`localsgd.train_runs.OutOfTime`),
-a finished pack keeps each run (`grid.keep_run`) in ``figures/paper/runs/`` (paper mode) or
-``figures/converged/runs/`` (converged mode), where ``localsgd reproduce`` reads them. Nothing
-here imports papermill: the GPU image has none; the figures are drawn on a CPU afterwards.
+a finished pack keeps each run (`grid.keep_run`) in ``figures/paper/runs/``, where
+``localsgd reproduce --mode paper`` reads them. Each run is kept under the configuration that
+reproduce asks for (paper mode's ``device: "cuda"``, ``batched: auto``, which a pack's batched
+engine is on a GPU), so nothing is trained twice. The converged proxy is not an entry: its
+configurations say ``device: "cpu"`` (the device is part of a run's results key, and a GPU's
+arithmetic is not the CPU's), so GPU runs of them would be other runs. Nothing here imports
+papermill: the GPU image has none; the figures are drawn on a CPU afterwards.
 
 `plan` prices every entry from measured throughputs (``figures/gpu/**/loop.csv``, by K) in
 15-minute stints of one GPU, start-up included: what a full reproduction costs on one GPU.
@@ -70,10 +74,6 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fig07", "Figure 7", "fig07_scaling"),
     Entry("table01-4096", "Table 1 at B_glob 4,096", "table01_large_batch",
           sets={"B_globs": [4096]}),
-    *(Entry(f"converged-{nb}", f"converged proxy: {nb}", nb, mode="converged") for nb in (
-        "table01_large_batch", "table05_models", "fig06_cifar10_local_sgd",
-        "fig09_hierarchical", "slowmo", "table03_topologies", "table06_07_momentum",
-        "fig07_scaling")),
 )
 
 
@@ -84,11 +84,19 @@ def runs_folder(figures: Path, mode: str) -> Path:
     return Path(figures) / mode / "runs"
 
 
-def entry_configs(entry: Entry, notebooks: Path, device: str | None = None) -> list:
-    """The entry's `TrainConfig`s as its notebook builds them (``device`` overrides theirs)."""
+def entry_configs(entry: Entry, notebooks: Path) -> list:
+    """The entry's `TrainConfig`s as its notebook builds them (and reproduce asks for them).
+    A configuration that asks for the sequential engine (``batched: false``) is refused in
+    one line: a pack runs the batched one, and the run would be kept under a setting it did
+    not run with."""
     cfgs = gpu_plan.paper_configs(notebooks, [entry.notebook], entry.mode,
                                   sets=entry.sets)[entry.notebook]
-    return [dataclasses.replace(c, device=device) for c in cfgs] if device else cfgs
+    if any(c.batched is False for c in cfgs):
+        raise ValueError(f"campaign entry {entry.id}: {entry.notebook}'s {entry.mode} "
+                         "configurations ask for batched: false, and a pack runs the batched "
+                         f"engine: set batched: auto in notebooks/params/{entry.notebook}/"
+                         f"{entry.mode}.yaml")
+    return cfgs
 
 
 def pack_configs(cfgs: Sequence, max_replicas: int) -> list[list]:
@@ -194,7 +202,7 @@ def toy(cfg: Any) -> Any:
                                eval_batch=32)
 
 
-def run(budget_min: float, *, notebooks: Path, figures: Path, device: str | None = None,
+def run(budget_min: float, *, notebooks: Path, figures: Path,
         entries: Sequence[Entry] = ENTRIES, max_replicas: int = 32, gpu: str | None = None,
         shrink: Callable[[Any], Any] | None = None, progress: bool = True,
         say: Callable[[str], None] = print) -> dict[str, Any]:
@@ -210,7 +218,7 @@ def run(budget_min: float, *, notebooks: Path, figures: Path, device: str | None
     table = {**gpu_plan.THROUGHPUT, **gpu_plan.measured_folder(Path(figures) / "gpu")}
     done: dict[str, Any] = {"kept": [], "cut": [], "left": 0}
     for entry in entries:
-        cfgs = entry_configs(entry, notebooks, device)
+        cfgs = entry_configs(entry, notebooks)
         folder = runs_folder(figures, entry.mode)
         todo = [c for c in cfgs if grid.find_kept(shrink(c) if shrink else c, folder) is None]
         for pack in priced(entry, pack_configs(todo, max_replicas), gpu, table):
@@ -262,8 +270,8 @@ def render_commands(entries: Sequence[Entry] = ENTRIES) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``localsgd campaign``: train the next packs within ``--budget`` minutes (on a lent GPU:
-    ``--device cuda``), or ``--plan`` the whole campaign, or ``--render`` the figures whose runs
+    """``localsgd campaign``: train the next packs within ``--budget`` minutes (on a lent GPU),
+    or ``--plan`` the whole campaign, or ``--render`` the figures whose runs
     are all kept (prints the commands; run them on a machine with the notebooks' packages)."""
     import argparse
     import sys
@@ -277,8 +285,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plan", action="store_true", help="price every entry and exit")
     p.add_argument("--render", action="store_true",
                    help="print the reproduce command of every entry whose runs are all kept")
-    p.add_argument("--device", default=None, help="train here (e.g. cuda); default: each "
-                   "configuration's own (paper mode: cuda, converged: cpu)")
     p.add_argument("--gpu", default=None, help="the GPU whose measured rates price packs "
                    "(default: this machine's, else the plan's default)")
     p.add_argument("--max-replicas", type=int, default=32,
@@ -287,7 +293,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="these entries (ids: " + ", ".join(e.id for e in ENTRIES)
                    + "; default: all, in order)")
     p.add_argument("--toy", action="store_true",
-                   help="toy-size runs on the CPU into --figures (a test of the campaign)")
+                   help="toy-size runs on the CPU into --figures (a test of the campaign; "
+                   "each run on its configuration's device otherwise: paper mode's cuda)")
     p.add_argument("--figures", type=Path, default=root / "figures",
                    help="the figures folder whose runs/ hold the kept runs (default figures/)")
     p.add_argument("--notebooks", type=Path, default=root / "notebooks", help=argparse.SUPPRESS)
@@ -315,8 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(cmd)
         print(f"{len(complete)} of {len(entries)} entries have all their runs kept")
         return 0
-    done = run(args.budget, notebooks=args.notebooks, figures=args.figures,
-               device="cpu" if args.toy else args.device, entries=entries,
+    done = run(args.budget, notebooks=args.notebooks, figures=args.figures, entries=entries,
                max_replicas=args.max_replicas, gpu=gpu, shrink=toy if args.toy else None)
     print(f"campaign: {len(done['kept'])} runs kept, {len(done['cut'])} packs cut off (their "
           f"checkpoints resume next time), {done['left']} runs left for the next budget")
