@@ -194,6 +194,12 @@ def test_regime_names_an_underfit_configuration():
     assert c.regime({"local SGD": local, "mini-batch SGD": mini}, pairs=[]) is None
 
 
+def test_regime_leaves_a_side_without_accuracy_to_the_verdict():
+    local = _side(78.0, 80.0, [77.9, 78.0, 78.0])
+    empty = local.assign(test_acc=math.nan)
+    assert c.regime({"A": local, "B": empty}, pairs=[("A", "B"), ("B", "A")]) is None
+
+
 def test_regime_without_the_records_to_judge_is_not_testable():
     local = _side(78.0, 80.0, [77.9, 78.0, 78.0])
     short = local.assign(tail_move=math.nan)
@@ -216,3 +222,13 @@ def test_not_testable_and_model_disagrees_say_what_they_rest_on():
     assert set(c.MEANING) == set(c.OUTCOMES)
     row = c.claim_row("Figure 6", "x", "y", 1.0, claim="claim", verdict=v)
     assert row["verdict"].startswith(c.NOT_TESTABLE + ":")
+
+
+def test_the_tested_quantity_is_one_mean_or_the_range_of_the_parts_means():
+    assert c.tested_text([0.4321], " points") == "+0.43 points"
+    assert c.tested_text([2.0, -1.5, math.nan], " points") == "-1.5 to +2 points"
+    assert c.tested_text([math.nan]) == ""
+    row = c.claim_row("Table 1", "s", "test top-1", 77.5, unit="%", claim="c",
+                      verdict="held: x", tested="+2 points")
+    assert row["value"] == 77.5 and row["tested"] == "+2 points"
+    assert "tested" not in c.claim_row("Table 1", "s", "test top-1", 77.5)

@@ -309,6 +309,12 @@ def test_table06_a_run_that_fails_to_train_is_not_an_underfitting_comparison():
     assert claims_["large"]["verdict"].startswith(c.HELD)
     final.loc[final.global_momentum == 0.3, "train_acc"] = 50.0  # underfits local 0.9 alone
     assert t6(final)["small"]["verdict"].startswith(c.NOT_IN_REGIME)
+    # nor is it asked to converge (a diverging run oscillates); the reference must
+    final.loc[final.global_momentum == 0.9, "tail_move"] = 7.0
+    assert t6(final)["large"]["verdict"].startswith(c.HELD)
+    final.loc[(final.local_momentum == 0.9) & (final.global_momentum == 0.0), "tail_move"] = 3.0
+    large = t6(final)["large"]["verdict"]
+    assert large.startswith(c.NOT_IN_REGIME) and "local 0.9 alone's test top-1 still moves" in large
 
 
 def test_table06_no_claim_without_its_cells():

@@ -1,4 +1,4 @@
-"""figures/REPORT.md and README's results table on hand-made papers/ and figures/ folders:
+"""figures/REPORT.md and README's claims table on hand-made papers/ and figures/ folders:
 statuses, settings counted apart, "not yet" split by need, rounding, min/max pairs merged, no
 nan and no internal names in a verdict; and the committed README table is the generated one."""
 
@@ -181,11 +181,11 @@ def test_readme_table_is_short_and_plain(folders, tmp_path):
 
 def test_committed_readme_table_is_the_generated_one():
     text = (ROOT / "README.md").read_text()
-    assert report.README_BEGIN in text, "README has no generated results table"
+    assert report.README_BEGIN in text, "README has no generated claims table"
     block = report.README_BEGIN + text.split(report.README_BEGIN, 1)[1].split(
         report.README_END, 1)[0] + report.README_END
     assert block == report.readme_block(ROOT / "papers", ROOT / "figures"), (
-        "README's results table is stale: run `localsgd report`")
+        "README's claims table is stale: run `localsgd report`")
 
 
 def test_committed_report_is_current():

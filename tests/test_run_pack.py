@@ -102,6 +102,20 @@ def test_a_pack_cut_off_resumes_bitwise(tmp_path):
                    checkpoint_path=ckpt)
 
 
+@pytest.mark.parametrize("content", ["garbled", [1, 2], {"format": -1, "pack": []},
+                                     {"pack": "not a list"}])
+def test_a_checkpoint_that_is_not_a_pack_is_refused_in_one_line(tmp_path, content):
+    ckpt = tmp_path / "pack.pt"
+    if content == "garbled":
+        ckpt.write_bytes(b"not a torch file")
+    else:
+        torch.save(content, ckpt)
+    with pytest.raises(ValueError, match="corrupt or not a pack checkpoint|is not a pack "
+                                         "checkpoint") as err:
+        train_runs(_configs(K4[:1]), dataset=_dataset(), progress=False, checkpoint_path=ckpt)
+    assert "\n" not in str(err.value)
+
+
 def test_runs_that_cannot_share_a_pack_say_why():
     a = golden.config("local_tricks")
     with pytest.raises(ValueError, match=r"run 1 cannot share a pack with run 0: local_batch = 8"):

@@ -2,7 +2,7 @@
 figure's own CSV, rounded as quoted (`localsgd.paper.prose_numbers`: the registry, and the
 rewrite `localsgd report` does), so a re-run of the notebooks cannot leave them stale. A pattern
 that no longer matches fails too: rewording a sentence means updating its pattern there. The
-README's results table is generated (tests/test_report.py checks it).
+README's claims table is generated (tests/test_report.py checks it).
 """
 
 from __future__ import annotations

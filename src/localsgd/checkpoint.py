@@ -17,10 +17,23 @@ import torch
 from localsgd.engines import Engine
 from localsgd.paths import atomic_path
 
-__all__ = ["CHECKPOINT_FORMAT", "RankCheckpoints", "load_checkpoint", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "RankCheckpoints", "load_checkpoint", "read_state",
+           "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 2  # 2: the replica stack's rows hold alignment gaps (engines.replicas.FLAT_ALIGN)
 
+
+
+def read_state(path: str | Path, what: str) -> Any:
+    """``torch.load`` of a checkpoint file (tensors and plain data only), a garbled or foreign
+    file raising one ValueError line that names ``what`` the file should have been."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch raises many types for garbled files
+        first = (str(err).strip().splitlines() or [""])[0]  # torch's messages run to pages
+        raise ValueError(f"checkpoint {path} is corrupt or not {what} ({type(err).__name__}: "
+                         f"{first}); delete it to start afresh or point checkpoint_path "
+                         "elsewhere") from None
 
 def save_checkpoint(path: str | Path, state: dict) -> Path:
     """Write a checkpoint atomically: a reader never sees a half-written file."""
@@ -33,13 +46,7 @@ def load_checkpoint(path: str | Path, cfg: Any) -> dict:
     """Load and validate a checkpoint of ``cfg``'s run (``weights_only=True``); ``cfg`` is the
     run's `localsgd.train_config.TrainConfig` (not imported here: the loop imports this module)."""
     path = Path(path)
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for garbled files
-        raise ValueError(
-            f"checkpoint {path} is corrupt or not a localsgd checkpoint ({type(err).__name__}: "
-            f"{err}); delete it to start afresh or point checkpoint_path elsewhere"
-        ) from None
+    state = read_state(path, "a localsgd checkpoint")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {path} is not a localsgd training checkpoint "
                          f"(format {CHECKPOINT_FORMAT}); delete it or use another path")

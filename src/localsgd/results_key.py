@@ -8,7 +8,11 @@ helper or adding a config field with a default keeps every kept run. What guards
 instead is ``tests/test_golden_records.py``: tiny runs of every schedule kind and engine, their
 records committed under ``tests/golden/``; a change to the arithmetic of results fails it
 until `RESULTS_VERSION` is bumped (which retires every run kept under the old version) and the
-golden records are written again (``python tests/golden_records.py``).
+golden records are written again (``python tests/golden_records.py``). The golden runs are
+CPU runs in float32: they guard the arithmetic every engine shares, not what only a GPU does
+(TF32 or bf16 numerics, channels-last layout, ``torch.compile``, packs on CUDA); a change there
+is checked by ``localsgd gpu-check`` on a lent GPU, and its runs keep their device, precision
+and layout in the key.
 """
 
 from __future__ import annotations

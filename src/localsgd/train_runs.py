@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import numerics
-from localsgd.batch_sources import MemoryBatches, load_dataset
-from localsgd.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
+from localsgd.batch_sources import STREAMED, MemoryBatches, load_dataset
+from localsgd.checkpoint import CHECKPOINT_FORMAT, read_state, save_checkpoint
 from localsgd.engines.common import Deferred
 from localsgd.engines.run_pack import RunPack
 from localsgd.run_plan import plan_run
@@ -71,7 +70,7 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
             raise ValueError(f"run {i} cannot share a pack with run 0: {name} = {b!r}, run 0 has "
                              f"{a!r} (runs of a pack differ only in localsgd.train_runs.PER_RUN: "
                              "seed, schedule, lr, momentum, weight decay, outer step)")
-    if cfgs[0].dataset in ("imagenet", "cifar10_folder"):
+    if cfgs[0].dataset in STREAMED:
         raise ValueError(f"dataset={cfgs[0].dataset!r} is streamed from image folders; packs "
                          "hold their data in memory (CIFAR): train it with localsgd.train.train")
 
@@ -173,17 +172,14 @@ def _snapshot(runs: list[Run]) -> dict:
 
 def _resume(runs: list[Run], pack: RunPack, path: str | Path) -> None:
     """Load a pack checkpoint written for these runs (one ValueError line otherwise)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for garbled files
-        raise ValueError(f"checkpoint {path} is corrupt or not a pack checkpoint "
-                         f"({type(err).__name__}: {err}); delete it to start afresh") from None
-    saved = state.get("pack") if isinstance(state, dict) else None
-    if state.get("format") != CHECKPOINT_FORMAT or not isinstance(saved, list):
+    state = read_state(path, "a pack checkpoint")
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT \
+            or not isinstance(state.get("pack"), list):
         raise ValueError(f"checkpoint {path} is not a pack checkpoint (format "
                          f"{CHECKPOINT_FORMAT}); delete it or use another path")
+    saved = state["pack"]
     mine = [(run.asked or run.cfg).to_dict() for run in runs]
-    theirs = [s.get("config") for s in saved]
+    theirs = [s.get("config") if isinstance(s, dict) else None for s in saved]
     if [_plain(c) for c in theirs] != [_plain(c) for c in mine]:
         raise ValueError(f"checkpoint {path} holds another pack of runs; resume with the same "
                          "configurations in the same order or use another checkpoint_path")

@@ -62,7 +62,7 @@ def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.Data
                 df["scale"] = CONVERGED
             frames.append(df.assign(path=str(path)))
     cols = ["artifact", "setting", "metric", "claim", "scale", "mode", "verdict", "value", "unit",
-            "rule", "path"]
+            "tested", "rule", "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     rows = pd.concat(frames, ignore_index=True)
@@ -75,7 +75,8 @@ def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.Data
 
 def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """One row per ledger claim and scale it was judged at (its first verdict row there:
-    ``scale``, ``verdict``, ``rule``, ``value``, ``unit``), or one row with ``scale`` empty and
+    ``scale``, ``verdict``, ``rule``, ``value``, ``unit`` and the ``tested`` quantity where the
+    row's value is not it), or one row with ``scale`` empty and
     ``verdict`` the ledger's status when no verdict joins it."""
     claims = load_ledger(papers_dir)
     verdicts = verdict_rows(Path(figures_dir))
@@ -85,15 +86,17 @@ def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
             verdicts.iloc[0:0]
         if not len(found):
             out.append({**c.to_dict(), "scale": "", "verdict": c["status"] if c["status"] !=
-                        TESTED else UNJOINED, "rule": "", "value": float("nan"), "unit": ""})
+                        TESTED else UNJOINED, "rule": "", "value": float("nan"), "unit": "",
+                        "tested": ""})
             continue
         for scale, group in found.groupby("scale", sort=False):
             first = group.iloc[0]
             out.append({**c.to_dict(), "scale": str(scale), "verdict": first["verdict"],
                         "rule": first["rule"], "value": first["value"],
-                        "unit": first["unit"] if isinstance(first["unit"], str) else ""})
+                        "unit": first["unit"] if isinstance(first["unit"], str) else "",
+                        "tested": first["tested"] if isinstance(first["tested"], str) else ""})
     return pd.DataFrame(out, columns=[*COLUMNS, "source", "scale", "verdict", "rule", "value",
-                                      "unit"])
+                                      "unit", "tested"])
 
 
 def unregistered_claims(papers_dir: Path, figures_dir: Path) -> list[str]:

@@ -547,7 +547,7 @@ def paired_differences(ax: Any, groups: Iterable[tuple[str, Iterable[float], flo
     paired differences, the source's difference or None) the seeds (grey), their mean and the
     one-sided 95 % t bounds on each side (the interval `claims.verdict` reads), the source's
     value as a black diamond; zero, and the claim's tolerance ``band`` (±) when it has one."""
-    from localsgd.paper.experiments.claims import bounds  # deferred: numpy, scipy
+    from localsgd.paper.confidence import bounds  # deferred: numpy, scipy
 
     labels = []
     for i, (label, values, source) in enumerate(groups):

@@ -1,4 +1,4 @@
-"""``figures/REPORT.md``: each source's own numbers beside ours, and README's results table.
+"""``figures/REPORT.md``: each source's own numbers beside ours, and README's claims table.
 
 Joins ``papers/<source>/reported.csv`` with every ``figures/<id>.compare.csv`` on
 (artifact, setting, metric). Each source row is either a *result* (an outcome the source
@@ -461,7 +461,10 @@ def ledger_rows(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     table = ledger_mod.ledger(papers_dir, figures_dir)
     outcome = [(_outcome(r["verdict"], r["rule"]) if r["scale"] else r["verdict"])
                for _, r in table.iterrows()]
-    ours = [(fmt_number(r["value"], 3) + (f" {r['unit']}" if r["unit"] else ""))
+    # the claim's tested quantity where the row carries it apart from its value (a difference
+    # on one configuration's accuracy row), else the row's value
+    ours = [r["tested"] if r["scale"] and r["tested"] else
+            (fmt_number(r["value"], 3) + (f" {r['unit']}" if r["unit"] else ""))
             if r["scale"] and pd.notna(r["value"]) else "" for _, r in table.iterrows()]
     return table.assign(outcome=outcome, ours=ours)
 
@@ -540,7 +543,8 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
             parts = [f"{o} {len(groups[o])}" + (
                 f" ({', '.join(dict.fromkeys(groups[o]))})" if i < named else "")
                 for i, o in enumerate(order)]
-            line = f"**{name}** ({len(part)} claims): " + "; ".join(parts) + "."
+            line = (f"**{name}** ({len(part)} claim{'s' if len(part) != 1 else ''}): "
+                    + "; ".join(parts) + ".")
             if len(line.split()) <= MAX_WORDS:
                 break
         lines.append(line)
@@ -549,7 +553,9 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
         f"**Not judged**: {int(untested.get(ledger_mod.NEVER, 0))} claims never tested, "
         f"{int(untested.get(ledger_mod.UNAVAILABLE, 0))} need data not here (ImageNet, "
         f"CIFAR-100), {int(untested.get(ledger_mod.UNJOINED, 0))} await a committed verdict; "
-        "nothing ran at the paper's own GPU scale.")
+        + ("nothing ran at the paper's own GPU scale." if not any(
+            (Path(figures_dir) / "paper" / "campaign").glob("*/*.compare.csv"))
+           else "the campaign's paper-scale GPU runs are counted under full scale."))
     return lines
 
 
@@ -769,7 +775,7 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
 
 def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None,
                  readme: Path | None = None) -> Path:
-    """Write REPORT.md; also refresh the README's results table (``readme``, or the
+    """Write REPORT.md; also refresh the README's claims table (``readme``, or the
     ``README.md`` beside a folder named ``figures``) when that README has the markers. The
     numbers prose quotes are refreshed by the command (`localsgd.paper.cli`), not here."""
     out = out or figures_dir / "REPORT.md"

@@ -3,7 +3,7 @@ every claim's verdict; notebooks call these):
 
 * `localsgd.paper.experiments.grid`: grids of `TrainConfig` runs, time axes, time-to-accuracy,
   speed-ups.
-* `localsgd.paper.experiments.claims`: the seed-spread verdict rule and claim rows.
+* `localsgd.paper.experiments.claims`: the verdict rule (one-sided 95 % t bound), the regime check and claim rows.
 * `localsgd.paper.experiments.lin2020`: Lin et al. (2020)'s figures and tables (Figures 6-10,
   Tables 1-7, App. B, D), a package with one module per artifact.
 * `localsgd.paper.experiments.slowmo`: fairscale's SlowMo page (quality grid and summary).

@@ -46,7 +46,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from localsgd.paper.confidence import bounds
 
 HELD = "held"
 NOT_HELD = "did not hold"
@@ -58,7 +59,6 @@ NOT_IN_REGIME = "not testable at this budget"
 MODEL_DISAGREES = "model disagrees with the source"
 OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, NOT_IN_REGIME, NOT_TESTABLE, MODEL_DISAGREES,
             UNAVAILABLE, NOT_MEASURABLE)
-CONFIDENCE = 0.95  # each one-sided bound's
 # the rule a verdict was judged by, carried by every claim row (`claim_row`): REPORT marks a
 # committed verdict without it as judged by the former rule (every seed on one side of the
 # threshold and the mean at least one sd from it), until its notebook is run again
@@ -109,17 +109,6 @@ class Verdict:
 
 def _fmt(x: float, unit: str) -> str:
     return f"{x:+.3g}{unit}" if unit in ("", " points", " pts") else f"{x:.3g}{unit}"
-
-
-def bounds(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The one-sided ``confidence`` bounds (lower, upper) of the mean of ``values`` by Student's
-    t with n - 1 degrees of freedom; NaN for fewer than two values."""
-    arr = np.asarray(values, dtype=float)
-    if len(arr) < 2:
-        return math.nan, math.nan
-    half = float(stats.t.ppf(confidence, len(arr) - 1)) * float(arr.std(ddof=1)) / math.sqrt(
-        len(arr))
-    return float(arr.mean()) - half, float(arr.mean()) + half
 
 
 def verdict(values: Sequence[float] | float, threshold: float, *, origin: str,
@@ -213,6 +202,8 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
                             f"last tenth (> {bound:g}, {ours(REGIME_WHY)})")
     names = list(sides)
     for a, b in pairs if pairs is not None else [(a, b) for a in names for b in names if a != b]:
+        if a not in sides or b not in sides:  # a side without accuracy: the verdict says so
+            continue
         train = float(sides[a]["train_acc"].mean())
         test = float(sides[b]["test_acc"].mean())
         if train < test:
@@ -279,18 +270,33 @@ def combine(verdicts: Sequence[Verdict]) -> str:
         return NOT_IN_REGIME
     if INCONCLUSIVE in outcomes or HELD in outcomes:
         return INCONCLUSIVE
-    if outcomes and all(o in (NOT_TESTABLE, NOT_IN_REGIME) for o in outcomes):
-        return NOT_IN_REGIME if NOT_IN_REGIME in outcomes else NOT_TESTABLE
+    if outcomes and all(o == NOT_TESTABLE for o in outcomes):
+        return NOT_TESTABLE
     if outcomes and all(o == UNAVAILABLE for o in outcomes):
         return UNAVAILABLE
     return NOT_MEASURABLE if outcomes else UNAVAILABLE
 
 
+def tested_text(means: Sequence[float], unit: str = "") -> str:
+    """Our value of a claim's tested quantity, as the README shows it beside the source's: the
+    mean over seeds, or for a claim of several parts (models, trick settings, momenta) the
+    range of their means, finite ones only; "" when none was measured."""
+    finite = sorted({round(float(m), 2) for m in means if m is not None and math.isfinite(m)})
+    if not finite:
+        return ""
+    if len(finite) == 1:
+        return _fmt(finite[0], unit)
+    return f"{_fmt(finite[0], '')} to {_fmt(finite[-1], unit)}"
+
+
 def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, unit: str = "",
               note: str = "", claim: str | None = None,
-              verdict: Verdict | str | None = None, **extra: Any) -> dict[str, Any]:
+              verdict: Verdict | str | None = None, tested: str = "",
+              **extra: Any) -> dict[str, Any]:
     """One comparison row for ``papers/*/reported.csv`` keys (artifact, setting, metric) with our
-    ``value``; with ``claim`` also the claim's text and its verdict ("<outcome>: <reason>").
+    ``value``; with ``claim`` also the claim's text and its verdict ("<outcome>: <reason>"), and
+    ``tested`` (`tested_text`) where the row's value is not the claim's tested quantity (a
+    claim on a difference placed on one configuration's accuracy row).
     A missing or non-finite value is written as empty (None), never as ``nan``."""
     if claim is not None and verdict is None:
         raise ValueError(f"claim {claim!r} needs a verdict (localsgd.paper.experiments.claims.verdict)")
@@ -306,4 +312,6 @@ def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, 
         if re.search(r"\bnan\b", text, re.IGNORECASE):
             raise ValueError(f"verdict {text!r} contains nan")
         row["claim"], row["verdict"], row["rule"] = claim, text, RULE
+        if tested:
+            row["tested"] = tested
     return row

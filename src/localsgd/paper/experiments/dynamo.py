@@ -7,7 +7,7 @@ eager on more than one node, because no bucket's all-reduce could start before t
 graph ended; with DDPOptimizer it is "never more than 1 % slower" and up to 15 % faster (64
 A100s). Here each claim is judged per configuration (model, processes) on the per-round values
 of the interleaved windows (`localsgd.paper.bench.ddp`'s ``--rounds``): the rounds are the repeated
-measurements whose spread the seed-spread rule of `localsgd.paper.experiments.claims` needs.
+measurements whose spread the verdict rule of `localsgd.paper.experiments.claims` needs.
 """
 
 from __future__ import annotations

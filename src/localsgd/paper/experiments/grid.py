@@ -206,7 +206,8 @@ def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True
 
 def checkpoint_path(cfg: TrainConfig) -> Path:
     """Where `run_cached` keeps ``cfg``'s checkpoint while training it: beside its cache entry,
-    under the same key (so a checkpoint of other code or another config is never resumed)."""
+    under the same key (so a checkpoint of another config or results version is never
+    resumed; one of older code under the same version is, as its kept run would be served)."""
     return _entry(cfg).with_suffix(".ckpt.pt")
 
 

@@ -639,12 +639,12 @@ def _joined(parts: list[tuple[str, Verdict]], extra: str,
 
 
 def _over_runs(errors_pct: Sequence[float], tolerance: float) -> Verdict:
-    """The seed-spread rule over the runs' errors (one repeat each): held when every run lies
-    within the tolerance and their mean at least one standard deviation inside it."""
+    """The verdict rule over the runs' errors (one repeat each, the runs standing for seeds):
+    held when the one-sided 95 % t bound of their mean lies inside the tolerance."""
     v = claims.verdict(list(errors_pct), 100 * tolerance, higher_is_better=False, unit=" %",
                        what="|predicted / measured speed-up - 1|", origin=TOLERANCE_ORIGIN)
     return replace(v, reason=v.reason.replace("seeds", "runs").replace("1 seed", "1 run")
-                   .replace("one seed", "one run").replace("seed spread", "spread over runs"))
+                   .replace("one seed", "one run"))
 
 
 def speedup_verdict(rows: pd.DataFrame, tolerance: float) -> str:

@@ -8,7 +8,7 @@ verdicts are `localsgd.paper.experiments.grid`'s. Each training artifact's modul
 ``P`` (plus labels where the notebook needs them), and ``base(P)`` where the notebook saves its
 base run. The notebook and `localsgd.paper.gpu_plan` both call it, so no grid is written twice.
 One function per artifact turns its measured table into compare rows (`claims.claim_row`) with a
-verdict by the one seed-spread rule (`claims.verdict`); tests/test_claims_lin2020*.py feed them
+verdict by the one rule (`claims.verdict`: one-sided 95 % t bound); tests/test_claims_lin2020*.py feed them
 hand-made records.
 
 * `fig06`: Figure 6 (§4.2.1), H = 1 … 16 on CIFAR-10: grid, speed-up and test-accuracy claims.

@@ -168,16 +168,18 @@ def rows_where(final: pd.DataFrame, where: dict) -> pd.DataFrame:
 
 
 def with_claim(rows: list[dict], artifact: str, setting: str, claim: str,
-               verdict: str, metric: str = "test top-1", unit: str = "%") -> list[dict]:
-    """``rows`` with ``claim``/``verdict`` on the row of ``setting``; a row without a value
-    (``metric`` in ``unit``) is added when no run of that setting exists."""
+               verdict: str, metric: str = "test top-1", unit: str = "%",
+               tested: str = "") -> list[dict]:
+    """``rows`` with ``claim``/``verdict`` (and the ``tested`` quantity,
+    `claims.tested_text`) on the row of ``setting``; a row without a value (``metric`` in
+    ``unit``) is added when no run of that setting exists."""
 
     for i, row in enumerate(rows):
         if row["artifact"] == artifact and row["setting"] == setting:
             keep = {k: row[k] for k in ("unit", "note")}
             rows[i] = claims.claim_row(artifact, setting, row["metric"], row["value"], **keep,
-                                       claim=claim, verdict=verdict)
+                                       claim=claim, verdict=verdict, tested=tested)
             return rows
     return [*rows, claims.claim_row(artifact, setting, metric, None, unit=unit,
                                     note="no run of this setting", claim=claim,
-                                    verdict=verdict)]
+                                    verdict=verdict, tested=tested)]

@@ -58,7 +58,7 @@ def fig06_claims(runs: pd.DataFrame, *, Hs: Sequence[int], inter_gbps: float,
 
     1. "H = 16 reaches the same training accuracy at least 3× faster": each seed's speed-up
        (`grid.speedup_table` on ``time_s``: measured compute + modelled ``inter_gbps``
-       communication; the row's value is their mean) by the seed-spread rule, unless
+       communication; the row's value is their mean) by the verdict rule (one-sided 95 % t bound), unless
        communication is too small a share of H = 1's time for any H to give 3× (H = 1's time
        over its compute alone, `_speedup_bound`): then *not testable at this scale*, with the
        share named. The same speed-up with Table 5's per-update costs (``time_paper_s``; its

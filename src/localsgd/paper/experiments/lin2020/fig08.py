@@ -130,7 +130,7 @@ def fig08_load_runs(runs_dir: str | Path, labels: Sequence[dict]) -> pd.DataFram
 def fig08_claims(runs: pd.DataFrame, *, H: int, standin: bool, inter_gbps: float,
                  note: str = "") -> tuple[list[dict], str, pd.DataFrame]:
     """Figure 8 (§4.2.2): "local SGD (H = 8) trains ResNet-50 on ImageNet at least 1.5× faster
-    than mini-batch SGD", judged by the seed-spread rule on each seed's speed-up (time to the
+    than mini-batch SGD", judged by the verdict rule (one-sided 95 % t bound) on each seed's speed-up (time to the
     lower final test top-1 of the pair, `grid.speedup_table` on ``time_s``: measured compute +
     modelled communication; paired by seed). Returns (compare rows, status, speed-up table).
 
