@@ -1,6 +1,6 @@
 """Golden records: tiny training runs of every schedule kind and engine whose records are
 committed in ``tests/golden/records.csv``, beside ``records.json``: the
-`localsgd.results_key.RESULTS_VERSION` they were computed under, the CPU and torch.
+`localsgd.training.results_key.RESULTS_VERSION` they were computed under, the CPU and torch.
 tests/test_golden_records.py recomputes them: a change to the arithmetic of results fails it
 until RESULTS_VERSION is bumped and this file is run again.
 
@@ -76,7 +76,7 @@ ENGINE_VALUES = {"sequential": {"batched": False}, "vmap": {"batched": True, "pa
 
 
 def config(name: str):
-    from localsgd.train_config import TrainConfig
+    from localsgd.training.config import TrainConfig
 
     engine, values = RUNS[name]
     return TrainConfig(**{**TINY, **values, **ENGINE_VALUES[engine]})
@@ -85,7 +85,7 @@ def config(name: str):
 def _replica_records(name: str) -> pd.DataFrame:
     import torch
 
-    from localsgd.train import train
+    from localsgd.training.loop import train
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as `make test` runs (OMP_NUM_THREADS=1): float32's kernels too
@@ -115,7 +115,8 @@ def _ddp_records(names: list[str]) -> dict[str, pd.DataFrame]:
         sweep.write_text(yaml.safe_dump(entries))
         torchrun = str(Path(sys.executable).with_name("torchrun"))
         cmd = [torchrun, "--standalone", "--nproc-per-node", str(worlds.pop()), "-m",
-               "localsgd.runner", "--no-progress", "--config", str(base), "--sweep", str(sweep),
+               "localsgd.training.runner", "--no-progress", "--config", str(base), "--sweep",
+               str(sweep),
                "--out", str(Path(tmp) / "out"), "--fast-exit"]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300,
                               check=False)
@@ -182,7 +183,7 @@ def differences(now: pd.DataFrame, golden: pd.DataFrame, same_machine: bool) -> 
 def write(path: Path = GOLDEN) -> pd.DataFrame:
     import json
 
-    from localsgd.results_key import RESULTS_VERSION
+    from localsgd.training.results_key import RESULTS_VERSION
 
     df = compute()
     path.parent.mkdir(parents=True, exist_ok=True)

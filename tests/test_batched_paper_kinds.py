@@ -12,8 +12,8 @@ import pytest
 
 from localsgd import data
 from localsgd.paper import gpu_plan
-from localsgd.train import train
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import train
 
 NOTEBOOKS = Path(__file__).parents[1] / "notebooks"
 KIND = {  # what makes a schedule kind (values such as H or beta do not)
@@ -116,7 +116,7 @@ def test_every_mode_file_passes_the_notebooks_parameter_rules():
 
 def test_a_resume_refuses_a_checkpoint_of_the_other_replica_engine(tmp_path, monkeypatch):
     # batched: auto may decide differently when resumed (another GPU, less free memory)
-    from localsgd import run_plan
+    from localsgd.training import plan as run_plan
 
     cfg = dataclasses.replace(_toy(KINDS[min(KINDS)], False), dtype="float32",
                               batched="auto")

@@ -65,7 +65,7 @@ def test_the_render_draws_from_the_kept_runs_without_training(tmp_path, cifar):
 
 
 def test_a_pack_cut_off_by_the_budget_leaves_its_checkpoint(tmp_path, monkeypatch, cifar):
-    from localsgd import train_runs as tr
+    from localsgd.training import packs as tr
 
     def out_of_time(cfgs, *, checkpoint_path, **_):
         checkpoint_path.write_bytes(b"a checkpoint")

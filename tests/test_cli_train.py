@@ -86,3 +86,23 @@ def test_train_ddp_engine_equals_replicas_engine(tmp_path):
     assert len(rep) == len(ddp) > 0
     pd.testing.assert_frame_equal(ddp, rep, check_exact=False, atol=1e-9, rtol=0)
     assert rep.train_loss.iloc[-1] != pytest.approx(rep.train_loss.iloc[0])  # it trained
+
+
+def test_the_front_door_is_the_library_s(tmp_path):
+    # `localsgd train` runs from localsgd.training.cli: the reproduction is never imported, so
+    # the base install trains; the reproduction's command hands `train` to the same main
+    code = ("import sys; from localsgd.__main__ import main; sys.argv = ['localsgd', 'train', "
+            f"'--config', {str(_config(tmp_path))!r}, '--out', {str(tmp_path / 'out')!r}, "
+            "'--no-progress']; rc = main(); "
+            "assert not [m for m in sys.modules if m.startswith('localsgd.paper')], 'paper'; "
+            "sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, check=False, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "out" / "records.csv").is_file() and "replicas engine" in r.stdout
+    # a bad flag is one line and exit code 2, from either command
+    r = subprocess.run([sys.executable, "-m", "localsgd.training.cli", "--config",
+                        str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("error: ")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localsgd import configs
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_shipped_config_fields_equal_its_yaml(name):
 def _run_args(*argv: str):
     import argparse
 
-    from localsgd.runner_args import add_run_arguments
+    from localsgd.training.runner_args import add_run_arguments
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)
@@ -113,7 +113,7 @@ def _run_args(*argv: str):
      "torchrun started 3 processes but the run needs world_size=4"),
 ])
 def test_bad_launches_are_one_line(argv, world, message):
-    from localsgd.runner_args import resolve_config
+    from localsgd.training.runner_args import resolve_config
 
     with pytest.raises((ValueError, FileNotFoundError)) as err:
         resolve_config(_run_args(*argv), world)
@@ -131,7 +131,7 @@ def test_bad_launches_are_one_line(argv, world, message):
     ("lr: [0.1\n", "not valid YAML (line 2"),
 ])
 def test_bad_config_files_are_one_line(tmp_path, yaml_text, message):
-    from localsgd.runner_args import resolve_config
+    from localsgd.training.runner_args import resolve_config
 
     path = tmp_path / "mine.yaml"
     path.write_text(yaml_text)
@@ -144,7 +144,7 @@ def test_yaml_11_exponents_are_numbers(tmp_path):
     # PyYAML reads 1e-4 (no dot) as a string; a float field takes it as the number it means
     path = tmp_path / "wd.yaml"
     path.write_text("weight_decay: 1e-4\nepochs: 3\n")
-    from localsgd.runner_args import resolve_config
+    from localsgd.training.runner_args import resolve_config
 
     cfg = resolve_config(_run_args("--config", str(path)), None)
     assert cfg.weight_decay == 1e-4 and cfg.epochs == 3.0 and isinstance(cfg.epochs, float)
@@ -159,11 +159,11 @@ def test_torchrun_reports_a_bad_config_once(tmp_path):
 
     torchrun = Path(sys.executable).with_name("torchrun")
     r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m",
-                        "localsgd.runner", "--config", "cifar10_resnt20", "--out",
+                        "localsgd.training.runner", "--config", "cifar10_resnt20", "--out",
                         str(tmp_path / "out")], capture_output=True, text=True, timeout=180,
                        env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=tmp_path, check=False)
     out = r.stdout + r.stderr
     assert r.returncode != 0
     assert out.count("error: no shipped config named 'cifar10_resnt20'") == 1, out[-3000:]
     assert "localsgd/" not in out.split("error:", 1)[0], out[-3000:]  # no worker traceback
-    assert "localsgd/runner.py" not in out and "localsgd/configs" not in out, out[-3000:]
+    assert "localsgd/training/runner.py" not in out and "localsgd/configs" not in out, out[-3000:]

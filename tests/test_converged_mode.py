@@ -149,7 +149,7 @@ def test_kept_runs_serve_a_machine_whose_cache_is_empty(tmp_path, monkeypatch):
     # `reproduce --mode converged` keeps each finished run in <out>/converged/runs/ (committed);
     # on another machine (an empty results cache) those runs are read back, not trained again
     from localsgd.paper.experiments import grid
-    from localsgd.train_config import TrainConfig
+    from localsgd.training.config import TrainConfig
 
     trained = []
 

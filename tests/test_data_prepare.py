@@ -220,7 +220,7 @@ data.load_cifar = data.folders.load_cifar = logged  # load_image_dataset calls t
 if sys.argv[1] == "load":
     logged("cifar10")
 else:
-    from localsgd import runner
+    from localsgd.training import runner
 
     sys.exit(runner.main(sys.argv[2:]))
 '''

@@ -1,5 +1,5 @@
-"""The torchrun runner (`localsgd.runner`, engine `localsgd.engines.ddp`): DDP engine == replica
-engine through the one training loop, stragglers and the waiting split, exact resume after
+"""The torchrun runner (`localsgd.training.runner`, engine `localsgd.engines.ddp`): DDP engine ==
+replica engine through the one training loop, stragglers and the waiting split, exact resume after
 SIGKILL, failures, two loopback nodes.
 
 Every test starts 2-4 gloo processes on CPU with tiny models on the synthetic image set.
@@ -22,8 +22,8 @@ import torch
 
 from localsgd import data
 from localsgd.distributed import spawn
-from localsgd.train import build_engine, train
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import build_engine, train
 
 K, STEPS = 4, 20
 # 320 images / 4 workers / B_loc 8 = 10 updates per epoch; 2 epochs = 20 updates; warm-up 2
@@ -245,7 +245,7 @@ def _config(tmp_path: Path, **values) -> Path:
 
 def _torchrun(nproc: int, *args: str, launcher: tuple[str, ...] = ("--standalone",),
               timeout: float = 120, **popen) -> subprocess.CompletedProcess:
-    cmd = [TORCHRUN, *launcher, "--nproc-per-node", str(nproc), "-m", "localsgd.runner",
+    cmd = [TORCHRUN, *launcher, "--nproc-per-node", str(nproc), "-m", "localsgd.training.runner",
            "--no-progress", *args]
     return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=timeout, check=False,
                           **popen)
@@ -319,7 +319,7 @@ def test_sigkill_dead_worker_corrupt_checkpoint_and_exact_resume(tmp_path):
     ckpts = run / "checkpoints"
 
     def start(*extra: str) -> subprocess.Popen:
-        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.runner",
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "localsgd.training.runner",
                "--no-progress", *common, "--out", str(run), *extra]
         return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -380,7 +380,7 @@ def test_sigkill_dead_worker_corrupt_checkpoint_and_exact_resume(tmp_path):
     assert ta.stall_s.tolist() == tb.stall_s.tolist()  # the same stalls at the same steps
 
     # another configuration (or world size) is refused, naming the difference
-    from localsgd.checkpoint import load_checkpoint
+    from localsgd.training.checkpoint import load_checkpoint
 
     saved = max(ckpts.glob("run.rank0.step*.pt"))
     values = {**TINY, "epochs": 4.0, "post_local_warmup_epochs": 0.25,
@@ -395,7 +395,7 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
     # bad launch cannot hang a rank waiting for the others), exits 2 and names the problem.
     # Which rank's message reaches stderr under torchrun is a race (torchrun stops the other
     # ranks once one exits), so each rank's own check is run here in-process, one at a time.
-    from localsgd.runner import main
+    from localsgd.training.runner import main
 
     def no_process_group(*_, **__):
         raise AssertionError("a process group was initialised before validation failed")
@@ -426,7 +426,7 @@ def test_invalid_launch_fails_fast_on_every_rank(tmp_path, monkeypatch, capsys):
 def test_config_from_yaml_and_flags_is_checked_before_launch(tmp_path):
     import argparse
 
-    from localsgd.runner_args import add_run_arguments, resolve_config
+    from localsgd.training.runner_args import add_run_arguments, resolve_config
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)
@@ -458,7 +458,7 @@ def test_two_nodes_on_loopback(tmp_path):
         launch = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
         args = ["--config", str(cfg), "--nodes", "2", "--procs-per-node", "2", "--out", str(out),
                 "--save-final"]
-        cmd = [TORCHRUN, *launch, "--nproc-per-node", "2", "-m", "localsgd.runner",
+        cmd = [TORCHRUN, *launch, "--nproc-per-node", "2", "-m", "localsgd.training.runner",
                "--no-progress", *args]
         procs = [subprocess.Popen([*cmd[:1], "--node-rank", str(n), *cmd[1:]], env=_env(),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -514,7 +514,8 @@ def test_compiled_loss_curve_matches_eager(tmp_path):
 
 def test_sweep_runs_several_configurations_in_one_launch(tmp_path):
     # one torch start-up for a grid (localsgd.paper.experiments.timing_validation's launches): each
-    # entry sets its own schedule and stragglers over the shared --config and flags; same seed = same stall draws
+    # entry sets its own schedule and stragglers over the shared --config and flags; same seed =
+    # same stall draws
     import yaml
 
     sweep = tmp_path / "sweep.yaml"
@@ -544,7 +545,7 @@ def test_sweep_entries_are_checked_before_launch(tmp_path):
 
     import yaml
 
-    from localsgd.runner_args import add_run_arguments, sweep_runs
+    from localsgd.training.runner_args import add_run_arguments, sweep_runs
 
     p = argparse.ArgumentParser()
     add_run_arguments(p)
@@ -579,7 +580,7 @@ def test_runner_applies_the_device_rule_before_any_process_group(tmp_path, monke
     # the runner resolves the config's device with localsgd.device's rule on every rank before
     # joining a process group (CUDA facts mocked: this machine has no GPU)
     from localsgd import device as device_rule
-    from localsgd.runner import main
+    from localsgd.training.runner import main
 
     def no_process_group(*_, **__):
         raise AssertionError("a process group was initialised before the device was checked")
@@ -599,8 +600,8 @@ def test_runner_applies_the_device_rule_before_any_process_group(tmp_path, monke
 
 def test_runner_places_cuda_on_the_local_rank(monkeypatch):
     from localsgd import device as device_rule
-    from localsgd.runner import _placed
-    from localsgd.train_config import TrainConfig
+    from localsgd.training.config import TrainConfig
+    from localsgd.training.runner import _placed
 
     monkeypatch.setattr(device_rule, "cuda_facts", lambda: (True, 4))
     monkeypatch.setenv("LOCAL_RANK", "3")

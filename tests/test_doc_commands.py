@@ -488,7 +488,7 @@ def test_slurm_job_resumes_after_a_kill(tmp_path):
         pytest.skip("CIFAR-10 not found (set LOCALSGD_DATA; CI has it)")
     (job,) = [d for d in DOCS if d.kind == "job"]
     lines = _logical_lines(job.command)
-    script = "\n".join(f"{ln} {SLURM_APPEND}" if "localsgd.runner" in ln else ln
+    script = "\n".join(f"{ln} {SLURM_APPEND}" if "localsgd.training.runner" in ln else ln
                        for _, ln in lines)
     fake = tmp_path / "fakebin"
     fake.mkdir()

@@ -1,5 +1,6 @@
-"""Table 2's fitted time model and the SlowMo experiment helpers (localsgd.paper.experiments.lin2020,
-.slowmo; the break-even benchmark localsgd.paper.bench.breakeven)."""
+"""Table 2's fitted time model and the SlowMo experiment helpers
+(localsgd.paper.experiments.lin2020, .slowmo; the break-even benchmark
+localsgd.paper.bench.breakeven)."""
 
 import dataclasses
 import math
@@ -16,7 +17,7 @@ from localsgd.paper.experiments.lin2020 import (
     update_and_sync_counts,
 )
 from localsgd.paper.experiments.slowmo import slowmo_configs, slowmo_summary
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 
 def test_fit_recovers_known_costs_from_synthetic_times():
@@ -112,7 +113,7 @@ def _synthetic_256():
 
 
 def test_slowmo_summary_on_real_tiny_runs():
-    from localsgd.train import train
+    from localsgd.training.loop import train
 
     synth = _synthetic_256()
     # 256 images / 4 workers / B_loc 8 = 8 updates: slow steps after updates 4 and 8. With
@@ -141,7 +142,7 @@ def test_slowmo_first_slow_step_by_hand():
     # after the first slow step (update 4) the SlowMo model is x0 - alpha*gamma*u with
     # u = (x0 - avg)/gamma, i.e. x0 + alpha*(avg - x0), where avg is local SGD's average at the
     # same update (same seed, same data: the runs agree until then) -- outer.py's heavy ball
-    from localsgd.train import build_engine, train
+    from localsgd.training.loop import build_engine, train
 
     synth = _synthetic_256()
     base = _tiny_slowmo_base(epochs=0.5, dtype="float64")  # 4 updates

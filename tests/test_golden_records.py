@@ -1,5 +1,5 @@
-"""Kept runs are keyed by meaning, not code (`localsgd.results_key`); this test is what makes
-that safe. It trains the golden runs (tests/golden_records.py: every schedule kind on the
+"""Kept runs are keyed by meaning, not code (`localsgd.training.results_key`); this test is what
+makes that safe. It trains the golden runs (tests/golden_records.py: every schedule kind on the
 sequential, vmap and packed replica engines and on DDP under torchrun, float64) and compares
 their records with the committed ones: numbers that change while RESULTS_VERSION stays fail."""
 
@@ -9,7 +9,7 @@ import golden_records as golden
 import pandas as pd
 import pytest
 
-from localsgd.results_key import RESULTS_VERSION
+from localsgd.training.results_key import RESULTS_VERSION
 
 
 def test_golden_records_are_unchanged_or_the_results_version_was_bumped():
@@ -23,7 +23,8 @@ def test_golden_records_are_unchanged_or_the_results_version_was_bumped():
                                       k: meta[k] for k in ("cpu", "torch")})
     if problems:
         pytest.fail(f"results changed but RESULTS_VERSION is still {RESULTS_VERSION}: bump it "
-                    "in src/localsgd/results_key.py and run python tests/golden_records.py "
+                    "in src/localsgd/training/results_key.py and run python "
+                    "tests/golden_records.py "
                     f"(or undo the change); {len(problems)} differences, the first: "
                     f"{problems[0]}", pytrace=False)
 

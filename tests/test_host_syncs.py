@@ -23,8 +23,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from localsgd.engines import common
-from localsgd.train import train
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import train
 
 HOST_READS = {"tolist", "item", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy"}
 

@@ -48,8 +48,8 @@ NO_CYCLES = "no import cycles between the modules of a package BROKEN"
 @pytest.mark.parametrize(("module", "planted", "says"), [
     ("schedule.py", "import localsgd.paper.report",
      (LIBRARY_RULE, "localsgd.schedule -> localsgd.paper.report")),
-    ("train.py", "from localsgd.paper import dry_run",
-     (LIBRARY_RULE, "localsgd.train -> localsgd.paper.dry_run")),
+    ("training/loop.py", "from localsgd.paper import dry_run",
+     (LIBRARY_RULE, "localsgd.training.loop -> localsgd.paper.dry_run")),
     ("engines/common.py", "import localsgd.paper.experiments.grid",  # deeper down, a subpackage
      (LIBRARY_RULE, "localsgd.engines.common -> localsgd.paper.experiments.grid")),
     ("schedule.py", "import localsgd.engines",  # the engines import the schedule: a cycle

@@ -71,9 +71,9 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_module_list_is_read():
     graph = _graph()
-    assert {"localsgd.train", "localsgd.engines.ddp", "localsgd.runner",
+    assert {"localsgd.training.loop", "localsgd.engines.ddp", "localsgd.training.runner",
             "localsgd.timing.simulate"} <= set(graph)
-    assert "localsgd.engines.replicas" in graph["localsgd.train"]
+    assert "localsgd.engines.replicas" in graph["localsgd.training.loop"]
 
 
 def test_no_import_cycles():

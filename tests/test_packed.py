@@ -73,8 +73,8 @@ def test_what_can_be_packed_and_what_auto_chooses():
 
 
 def test_train_resolves_auto_per_device_and_model(monkeypatch):
-    from localsgd import run_plan as loop
-    from localsgd.train_config import TrainConfig
+    from localsgd.training import plan as loop
+    from localsgd.training.config import TrainConfig
 
     cfg = TrainConfig(dataset="synthetic", model="resnet20", world_size=2)
     assert loop.use_packed(cfg, torch.device("cpu")) is False
@@ -111,8 +111,8 @@ def test_the_compiled_packed_forward_equals_the_eager_one():
 
 def test_a_fallback_to_the_sequential_engine_records_that_nothing_was_packed(monkeypatch):
     # 'auto' chose the batched (packed) engine and its K replicas do not fit the GPU
-    from localsgd import run_plan
-    from localsgd.train_config import TrainConfig
+    from localsgd.training import plan as run_plan
+    from localsgd.training.config import TrainConfig
 
     def check(cfg, num_classes, shape, free, *, batched):
         if batched:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "notebooks" / "params"

@@ -110,6 +110,6 @@ def test_reproduce_profile_measures_a_real_notebook(tmp_path, capsys, monkeypatc
 
 
 def test_the_profile_names_the_loops_phases():
-    from localsgd.train_state import LOOP_PHASES
+    from localsgd.training.state import LOOP_PHASES
 
     assert profile.TRAIN_PHASES == LOOP_PHASES

@@ -1,4 +1,5 @@
-"""Per-rank checkpoints (`localsgd.checkpoint.RankCheckpoints`) across a kill at any moment.
+"""Per-rank checkpoints (`localsgd.training.checkpoint.RankCheckpoints`) across a kill at any
+moment.
 
 The ranks run as threads of this process; their ``all_gather_object`` is a barrier over a shared
 list, so the collective logic runs without a process group. What a SIGKILL can leave on disk is
@@ -12,8 +13,8 @@ import threading
 
 import pytest
 
-from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpoint
-from localsgd.train_config import TrainConfig
+from localsgd.training.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpoint
+from localsgd.training.config import TrainConfig
 
 WORLD = 4
 CFG = TrainConfig.from_dict({"world_size": WORLD})

@@ -264,16 +264,16 @@ SHELL_CALLS = [(b, cmd, flags) for b in inline_commands() for cmd, flags in invo
 def test_the_prose_quotes_localsgd_commands():
     named = {cmd for _, cmd, _ in SHELL_CALLS}
     assert ("localsgd", "reproduce") in {c[:2] for c in named}
-    assert any(c[0] == "-m" for c in named), "no `python -m localsgd.runner` quoted?"
+    assert any(c[0] == "-m" for c in named), "no `python -m localsgd.training.runner` quoted?"
 
 
 def test_invocation_parser():
-    code = ('TR="torchrun --nproc-per-node 8 -m localsgd.runner"\n'
+    code = ('TR="torchrun --nproc-per-node 8 -m localsgd.training.runner"\n'
             "$TR --config base --out x  # a comment --not-a-flag\n"
             "localsgd bench averaging --world 4 \\\n    --json\n"
             "localsgd reproduce [--mode smoke|quick|paper] [--only ID ...]\n")
     assert invocations(code) == [
-        (("-m", "localsgd.runner"), ["--config", "--out"]),
+        (("-m", "localsgd.training.runner"), ["--config", "--out"]),
         (("localsgd", "bench", "averaging"), ["--world", "--json"]),
         (("localsgd", "reproduce"), ["--mode", "--only"])]
 

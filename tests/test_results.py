@@ -181,7 +181,7 @@ def test_library_code_hash_reads_the_library_wings_definitions(tmp_path):
     (package / "optim.py").write_text((package / "optim.py").read_text().replace(moved, ""))
     (package / "gossip.py").write_text((package / "gossip.py").read_text() + moved)
     assert library_hash(package) == changed  # the same definition elsewhere
-    loop = package / "train.py"  # a change to the loop's code
+    loop = package / "training" / "loop.py"  # a change to the loop's code
     loop.write_text(loop.read_text().replace("math.floor(", "math.ceil(", 1))
     assert library_hash(package) != changed
 

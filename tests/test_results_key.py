@@ -1,4 +1,4 @@
-"""Kept runs are keyed by what changes their numbers (`localsgd.results_key`), not by the
+"""Kept runs are keyed by what changes their numbers (`localsgd.training.results_key`), not by the
 library's code: a docstring, a private name or a new config field with a default keeps every
 kept run; a run is served only when its stored parameters are the asked run's."""
 
@@ -14,16 +14,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from localsgd import results_key
 from localsgd.paper.experiments import grid
-from localsgd.results_key import (
+from localsgd.training import results_key
+from localsgd.training.config import TrainConfig
+from localsgd.training.results_key import (
     NOT_IN_KEY,
     RESULTS_VERSION,
     UNUSED_WHEN,
     same_run,
 )
-from localsgd.results_key import results_key as key_of
-from localsgd.train_config import TrainConfig
+from localsgd.training.results_key import results_key as key_of
 
 REPO = Path(__file__).resolve().parents[1]
 KEPT = REPO / "figures" / "converged" / "runs"
@@ -127,7 +127,7 @@ def _entry_names(package_parent: Path) -> list[str]:
     """The kept-run names of the committed runs' configs, computed by the package copy in
     ``package_parent`` (a fresh interpreter)."""
     code = ("import json, sys; from pathlib import Path\n"
-            "from localsgd.train_config import TrainConfig\n"
+            "from localsgd.training.config import TrainConfig\n"
             "from localsgd.paper.experiments import grid\n"
             "from localsgd.paper.results import library_code_hash\n"
             f"for js in sorted(Path({str(KEPT)!r}).glob('*.json')):\n"
@@ -146,7 +146,7 @@ def test_docstrings_private_names_and_new_fields_leave_every_kept_run_found(tmp_
                     ignore=shutil.ignore_patterns("__pycache__"))
     *names, code = _entry_names(tmp_path)
     assert names == sorted(js.with_suffix(".csv").name for js in KEPT.glob("*.json"))
-    config = package / "train_config.py"
+    config = package / "training" / "config.py"
     text = config.read_text()
     text = text.replace('    """K, the number of workers."""',
                         '    """K, the number of workers (reworded)."""')
@@ -154,7 +154,7 @@ def test_docstrings_private_names_and_new_fields_leave_every_kept_run_found(tmp_
                         '    seed: int = 0\n    outer_fragments: int = 1\n'
                         '    """A new field at its default."""\n')
     config.write_text(text)
-    loop = package / "train.py"
+    loop = package / "training" / "loop.py"
     loop.write_text(re.sub(r"\b_deferred_interrupt\b", "_interrupt_between_updates",
                            loop.read_text()))
     *after, edited = _entry_names(tmp_path)

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from localsgd import data, numerics
-from localsgd.checkpoint import load_checkpoint
 from localsgd.engines.common import set_cuda_rng_state, to_device
-from localsgd.train import build_engine, train
-from localsgd.train_config import TrainConfig
+from localsgd.training.checkpoint import load_checkpoint
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import build_engine, train
 
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
 # block (global) momentum: the outer step keeps an anchor and a momentum buffer between averages
@@ -107,8 +107,8 @@ def test_auto_precision_is_tf32_on_cuda_and_exactly_fp32_on_a_cpu(synth):
 
 
 def test_auto_batched_is_the_batched_engine_for_replicas_on_cuda_only(synth):
-    from localsgd.run_plan import use_batched
-    from localsgd.runner_args import _field_parser
+    from localsgd.training.plan import use_batched
+    from localsgd.training.runner_args import _field_parser
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     cfg = TrainConfig(world_size=4)
@@ -197,7 +197,7 @@ def test_phase_clock_on_cuda_records_events_and_waits_once(monkeypatch):
 
 
 def test_replicas_that_do_not_fit_stop_before_training_with_the_largest_k():
-    from localsgd.run_plan import check_replica_memory
+    from localsgd.training.plan import check_replica_memory
 
     cfg = TrainConfig(model="resnet20", width=0.25, world_size=8, local_batch=32, batched=True)
     shape = (3, 32, 32)

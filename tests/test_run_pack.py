@@ -1,4 +1,4 @@
-"""Run packing (localsgd.train_runs, localsgd.engines.run_pack): R runs trained as one stack of
+"""Run packing (localsgd.training.packs, localsgd.engines.run_pack): R runs trained as one stack of
 R·K replicas give each run, bitwise, the records it gets trained alone on the batched engine
 (the same arithmetic: vmap, or channel-packed; float64 on a CPU), for every schedule kind of the
 paper's grids (the batched engine equals the sequential one: tests/test_batched_paper_kinds.py);
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from localsgd import data
-from localsgd.train import RunLimit, train
-from localsgd.train_config import TrainConfig
-from localsgd.train_runs import check_packable, train_runs
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import RunLimit, train
+from localsgd.training.packs import check_packable, train_runs
 
 # the golden runs' configurations: every schedule kind, two packs (K = 2 and K = 4)
 K2 = ["local_tricks", "post_local", "local_step_warmup", "global_momentum"]
@@ -131,7 +131,7 @@ def test_runs_that_cannot_share_a_pack_say_why():
 def test_a_pack_past_its_deadline_stops_at_an_epochs_end_and_resumes(tmp_path):
     import time
 
-    from localsgd.train_runs import OutOfTime
+    from localsgd.training.packs import OutOfTime
 
     cfgs = _configs(K2[:2])
     whole = train_runs(cfgs, dataset=_dataset(), progress=False)

@@ -1,4 +1,4 @@
-"""A run's plan (`localsgd.run_plan`): resolved once from the config and the machine, frozen,
+"""A run's plan (`localsgd.training.plan`): resolved once from the config and the machine, frozen,
 read by the engine builder, the loop, resume and the runners, shown in checkpoints."""
 
 import dataclasses
@@ -6,11 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-from localsgd import data, run_plan
-from localsgd.checkpoint import load_checkpoint
+from localsgd import data
 from localsgd.device import DeviceError
-from localsgd.train import build_engine, train
-from localsgd.train_config import TrainConfig
+from localsgd.training import plan as run_plan
+from localsgd.training.checkpoint import load_checkpoint
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import build_engine, train
 
 TINY = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=2,
                    local_batch=4, local_steps=2, epochs=1.0, dtype="float32")

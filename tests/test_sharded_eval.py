@@ -6,10 +6,10 @@ import torch
 from torch import nn
 
 from localsgd import data
-from localsgd.batch_sources import combine_eval, eval_batches, evaluate
 from localsgd.distributed import spawn
-from localsgd.train import build_engine, train
-from localsgd.train_config import TrainConfig
+from localsgd.training.batch_sources import combine_eval, eval_batches, evaluate
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import build_engine, train
 
 
 def test_shards_add_up_bitwise_to_the_whole_test_set():

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from localsgd import data
-from localsgd.train import train
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import train
 
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
 
@@ -124,7 +124,7 @@ def test_paper_loader_batches_fit_host_memory():
     """One real loader batch of Figure 8's paper configuration, on the CIFAR stand-in at 224 px
     (no ImageNet here; the loader cannot tell: same transforms, same sizes): its host bytes are
     measured, and the in-flight total (workers x prefetch x batch) is bounded."""
-    from localsgd.batch_sources import StreamedBatches
+    from localsgd.training.batch_sources import StreamedBatches
 
     try:
         f = data.standin_folders("cifar10", 256, 64, image_size=224)

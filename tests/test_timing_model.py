@@ -227,7 +227,7 @@ def test_sgp_waits_only_for_its_in_peer_by_hand():
 
 
 def test_scheme_forms_agree_with_each_other_and_the_runner_config():
-    from localsgd.train_config import TrainConfig
+    from localsgd.training.config import TrainConfig
 
     def plan(s, workers=8, gpn=4, host_grad=False):
         return {k: v.tolist() for k, v in Scheme.parse(s).plan(workers, gpn, 32,
@@ -236,7 +236,7 @@ def test_scheme_forms_agree_with_each_other_and_the_runner_config():
     # the paper's H, K', H^b and PyTorch's period -> group size describe the same hierarchy
     assert plan(Scheme.paper(2, 4, 4)) == plan("hsgd:2-4,8-8") == plan("hier:H=2,Kp=4,Hb=4")
     assert plan(Scheme.paper(4, 4, 1)) == plan("local:4")
-    runner = {  # what `python -m localsgd.runner` runs for these flags (README examples)
+    runner = {  # what `python -m localsgd.training.runner` runs for these flags (README examples)
         "local:4": TrainConfig(world_size=8, local_steps=4),
         "hsgd:2-4,8-8": TrainConfig(world_size=8, block_size=4, local_steps=2, block_steps=4),
         "local:8+hostgrad": TrainConfig(world_size=8, block_size=4, local_steps=1,

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from localsgd import data
-from localsgd.checkpoint import load_checkpoint
 from localsgd.paper.experiments.grid import pool_compute, speedup_table, time_to_accuracy
 from localsgd.paper.experiments.lin2020 import step_costs_from_running_times
 from localsgd.timing.cluster import Cluster, modelled_time
-from localsgd.train import RunLimit, build_engine, train
-from localsgd.train_config import TrainConfig
-from localsgd.train_state import LOOP_PHASES
+from localsgd.training.checkpoint import load_checkpoint
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import RunLimit, build_engine, train
+from localsgd.training.state import LOOP_PHASES
 
 # columns that hold wall-clock measurements: everything else must repeat bitwise
 TIMED = ("compute_seconds", "data_seconds", "wall_seconds")
@@ -85,7 +85,7 @@ def test_with_host_threads_the_profile_counts_the_overlapping_spans_once(synth):
 def test_a_run_limit_cuts_updates_batches_and_evaluation_and_phases_are_reported(
         synth, monkeypatch):
     # what a dry run of a paper configuration asks of the loop (localsgd.paper.dry_run.limit)
-    import localsgd.batch_sources as loop
+    import localsgd.training.batch_sources as loop
 
     sizes, phases, evaluated = [], [], []
     eval_sums = loop.eval_sums
@@ -122,7 +122,7 @@ def test_on_an_asynchronous_device_the_devices_busy_time_is_booked_beside_the_ho
     # which runs on through the next batch's data phase: subtracting the one from the other
     # booked negative engine seconds (-0.2 to -0.4 s of 50 updates on an H100, gpu-check)
     from localsgd.engines.common import Deferred
-    from localsgd.train_state import DEVICE_BUSY, Totals, Unread, timed_by_events
+    from localsgd.training.state import DEVICE_BUSY, Totals, Unread, timed_by_events
 
     def settle(asynchronous):
         unread, tot = Unread(), Totals(step_seconds=[[], []])

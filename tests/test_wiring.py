@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from localsgd import data
-from localsgd.batch_sources import MemoryBatches
-from localsgd.train import build_engine
-from localsgd.train_config import TrainConfig
+from localsgd.training.batch_sources import MemoryBatches
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import build_engine
 
 BASE = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=4,
                    local_batch=4, local_steps=2, epochs=1.0, lr=0.1, momentum=0.9,

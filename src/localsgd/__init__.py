@@ -8,8 +8,9 @@ Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), s
   `localsgd.gossip`, `localsgd.lr`;
 * torch.distributed: `localsgd.averaging` (over `localsgd.collectives`), `localsgd.optim`,
   `localsgd.distributed`;
-* the engines: `localsgd.engines` (replicas, DDP); the loop: `localsgd.train`, its checkpoints
-  `localsgd.checkpoint`, the torchrun command line `localsgd.runner`;
+* the engines: `localsgd.engines` (replicas, DDP); training: `localsgd.training` (its config,
+  plan, loop, checkpoints, packs of runs, results key, the torchrun runner and the one front
+  door, ``localsgd train``);
 * data and models: `localsgd.data`, `localsgd.models`;
 * time models: `localsgd.timing`; the convex simulator: `localsgd.convex`;
 * the reproduction, built on the library and never imported by it (the ``[paper]`` extra):
@@ -27,8 +28,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# public name -> the module that defines it. Not `train`: ``localsgd.train`` is the module
-# (``from localsgd.train import train``), and a submodule's import rebinds the package attribute.
+# public name -> the module that defines it (the loop itself: ``from localsgd.training.loop
+# import train``).
 _EXPORTS = {
     "Action": "localsgd.schedule",
     "Level": "localsgd.topology",
@@ -47,10 +48,10 @@ _EXPORTS = {
     "ReplicaEngine": "localsgd.engines.replicas",
     "BatchedReplicaEngine": "localsgd.engines.batched",
     "DDPEngine": "localsgd.engines.ddp",
-    "TrainConfig": "localsgd.train_config",
-    "build_engine": "localsgd.train",
-    "load_checkpoint": "localsgd.checkpoint",
-    "save_checkpoint": "localsgd.checkpoint",
+    "TrainConfig": "localsgd.training.config",
+    "build_engine": "localsgd.training.loop",
+    "load_checkpoint": "localsgd.training.checkpoint",
+    "save_checkpoint": "localsgd.training.checkpoint",
     "build_model": "localsgd.models",
     "load_image_dataset": "localsgd.data",
     "Cluster": "localsgd.timing.cluster",

@@ -1,7 +1,8 @@
 """``python -m localsgd`` and the ``localsgd`` command (pyproject's console script).
 
-The command is the reproduction's (notebooks, figures, report, benchmarks): it needs the
-``[paper]`` extra. On the base install (the library alone) it says so in one line."""
+``localsgd train`` is the library's (`localsgd.training.cli`); every other command is the
+reproduction's (notebooks, figures, report, benchmarks) and needs the ``[paper]`` extra. On the
+base install (the library alone) it says so in one line."""
 
 import sys
 
@@ -11,6 +12,10 @@ PAPER_ONLY = {"pandas", "matplotlib", "seaborn", "papermill", "nbformat", "nbcli
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["train"]:  # the library's front door: no reproduction extra needed
+        from localsgd.training.cli import main as train
+
+        return train(sys.argv[2:])
     try:
         from localsgd.paper.cli import main as cli
     except ModuleNotFoundError as err:

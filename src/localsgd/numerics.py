@@ -149,8 +149,8 @@ def memory_format(choice: str, device: str | torch.device | None = None,
 
     'contiguous' (NCHW) and 'channels_last' (NHWC) are taken as asked. 'auto' is channels-last
     on a CPU whose run has one intra-op thread (``threads``, default `torch.get_num_threads`)
-    and contiguous otherwise; `localsgd.train.train` runs a CPU run of K >= 2 replicas with one
-    thread per op (`TrainConfig.host_threads`), so there 'auto' is channels-last. Measured
+    and contiguous otherwise; `localsgd.training.loop.train` runs a CPU run of K >= 2 replicas with
+    one thread per op (`TrainConfig.host_threads`), so there 'auto' is channels-last. Measured
     (`localsgd bench replicas --layouts`, ResNet-20 replicas, one thread; AVX-512 and AVX2
     code paths of one CPU, and two 2-core AMD EPYC machines; docs/benchmarks.md): NHWC trains
     0.98-1.05x as fast as NCHW at width 0.25 / batch 32, 1.16-1.23x at width 0.5 / batch 64

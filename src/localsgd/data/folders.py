@@ -25,9 +25,10 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class ImageFolders(NamedTuple):
     """A train/val pair of ``torchvision.datasets.ImageFolder`` data sets (or class-balanced
-    ``Subset``s of them), streamed from disk by `localsgd.train` through ``DataLoader`` workers.
-    Items are uint8 ``[3, H, W]`` tensors (`folder_transforms`); the training loop normalizes
-    them with ``mean``/``std`` on its device, so a loader batch holds a quarter of the bytes."""
+    ``Subset``s of them), streamed from disk by `localsgd.training.loop` through ``DataLoader``
+    workers. Items are uint8 ``[3, H, W]`` tensors (`folder_transforms`); the training loop
+    normalizes them with ``mean``/``std`` on its device, so a loader batch holds a quarter of the
+    bytes."""
 
     train: Any
     val: Any

@@ -3,10 +3,12 @@
 * `localsgd.engines.replicas`: K model copies in this process (`ReplicaEngine`, one after the
   other; `BatchedReplicaEngine`, one ``torch.vmap``), mixing through a ``[K, n]`` stack.
 * `localsgd.engines.ddp`: `DDPEngine`, this process's worker of a torchrun job (DDP for gradient
-  averaging, the core's averagers for model averaging); `localsgd.runner` is its command line.
+  averaging, the core's averagers for model averaging); `localsgd.training.runner` is its command
+  line.
 
-Both have the surface of `Engine`, the one thing the training loop (`localsgd.train.train`) and
-the checkpoints (`localsgd.checkpoint`) talk to (docs/layout.md: one loop, two engines).
+Both have the surface of `Engine`, the one thing the training loop (`localsgd.training.loop.train`)
+and the checkpoints (`localsgd.training.checkpoint`) talk to (docs/layout.md: one loop, two
+engines).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ __all__ = ["COMPILE_MODES", "Batch", "BatchedReplicaEngine", "DDPEngine", "Engin
 
 @runtime_checkable
 class Engine(Protocol):
-    """The surface `localsgd.train.train` uses: one local update of this process's workers plus
-    the schedule's action, the counters and streams a resume needs, and the one collective the
+    """The surface `localsgd.training.loop.train` uses: one local update of this process's workers
+    plus the schedule's action, the counters and streams a resume needs, and the one collective the
     loop itself runs (``all_gather_object``)."""
 
     generators: list[torch.Generator]
@@ -61,7 +63,7 @@ class Engine(Protocol):
         what the schedule says; the losses and the `Action` taken. With ``stats``, fills
         ``stats["correct"]`` and ``stats["compute_seconds"]`` (one entry per local worker).
         ``sync=False``: losses and hit counts as device tensors, the seconds as a `Deferred`
-        (no host synchronisation; `localsgd.train.train` reads them once per record)."""
+        (no host synchronisation; `localsgd.training.loop.train` reads them once per record)."""
 
     def current_lr(self) -> float:
         """The learning rate of the last update."""

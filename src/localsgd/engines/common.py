@@ -46,7 +46,7 @@ def host_map(fn: Callable[[Any], Any], items: Iterable[Any], threads: int = 1) -
         raise ValueError(
             f"{threads} host threads need torch.set_num_threads(1) first (torch has "
             f"{torch.get_num_threads()} intra-op threads: each op would fan out again and "
-            "oversubscribe the cores); `localsgd.train.train` sets it for its run")
+            "oversubscribe the cores); `localsgd.training.loop.train` sets it for its run")
     # grad mode and autocast are thread-local: carry the caller's into the pool's threads
     grad = torch.is_grad_enabled()
     cast = torch.is_autocast_enabled("cpu")
@@ -74,8 +74,8 @@ def clone_tensors(obj: Any) -> Any:
 class ScheduledWorkers:
     """What every engine keeps, whatever runs its workers: the schedule and its `SyncDriver`
     (``schedule``, ``driver``), the communicator (``comm``), one random stream per local worker
-    (``generators``) and a ``device``; from them the counters `localsgd.train.train` reads and
-    the part of a resume state all engines save alike."""
+    (``generators``) and a ``device``; from them the counters `localsgd.training.loop.train` reads
+    and the part of a resume state all engines save alike."""
 
     @property
     def world_size(self) -> int:

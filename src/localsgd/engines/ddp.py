@@ -3,7 +3,7 @@
 `DDPEngine` has the replica engines' surface (the `localsgd.engines.Engine` protocol: ``step``,
 ``t``, ``world_size``, ``local_ranks``, ``generators``, ``current_lr``, ``averaged_model``,
 ``param_bytes``, ``all_gather_object``, ``state_dict``), so the one training loop runs unchanged
-(docs/layout.md: one loop, two engines); `localsgd.runner` is its command line:
+(docs/layout.md: one loop, two engines); `localsgd.training.runner` is its command line:
 
 * **Gradients are averaged by DistributedDataParallel** -- mini-batch SGD, the post-local SGD
   warm-up (Lin et al., Sec. 3 "post-local SGD") and the PyTorch hierarchical-SGD blog's
@@ -21,12 +21,13 @@ Per step and worker it records wall-clock timestamps (`timeline`), from which
 `localsgd.timing.stragglers.split_waiting` splits each step into compute, waiting and
 communication. On CUDA the host's timestamps see only kernel launches (NCCL's ``wait()`` does
 not block the host), so there the step's durations come from CUDA events on the compute stream,
-read together when the timeline (or a step's seconds) is read, not per update: compute (forward, backward with DDP's gradient all-reduce, optimizer
-step), the model average (``avg_dur_s``), and their sum as the step's ``wall_s``. It emulates
-stragglers (`localsgd.timing.stragglers.Stragglers`, the blog's experiment) and, with
-``compute_ms``, replaces the model's compute by a sleep so 8-16 processes fit on 2 cores. ``compile`` compiles the DDP model with ``torch._dynamo.config.optimize_ddp =
-MODE`` ("TorchDynamo Update 9: Making DDP Work with TorchDynamo": DDPOptimizer splits the graph
-at bucket boundaries to keep the overlap).
+read together when the timeline (or a step's seconds) is read, not per update: compute (forward,
+backward with DDP's gradient all-reduce, optimizer step), the model average (``avg_dur_s``), and
+their sum as the step's ``wall_s``. It emulates stragglers (`localsgd.timing.stragglers.Stragglers`,
+the blog's experiment) and, with ``compute_ms``, replaces the model's compute by a sleep so 8-16
+processes fit on 2 cores. ``compile`` compiles the DDP model with
+``torch._dynamo.config.optimize_ddp = MODE`` ("TorchDynamo Update 9: Making DDP Work with
+TorchDynamo": DDPOptimizer splits the graph at bucket boundaries to keep the overlap).
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class DDPEngine(ScheduledWorkers):
     ):
         if not dist.is_initialized():
             raise ValueError("DDPEngine needs a process group: launch under torchrun "
-                             "(`torchrun --nproc-per-node K -m localsgd.runner ...`) or call "
-                             "localsgd.distributed.init_from_env() first")
+                             "(`torchrun --nproc-per-node K -m localsgd.training.runner ...`) "
+                             "or call localsgd.distributed.init_from_env() first")
         world = dist.get_world_size()
         topo = schedule.topology
         if topo.world_size != world:

@@ -136,7 +136,7 @@ class ReplicaEngine(ReplicaEngineBase):
         ``sync=False`` reads nothing back from the device: the losses come as a tensor [K] on
         the device, ``correct`` as a device tensor [K] (or None) and ``compute_seconds`` as a
         `Deferred` (CUDA events read when asked), so an update costs no host synchronisation;
-        `localsgd.train.train` reads them once per record.
+        `localsgd.training.loop.train` reads them once per record.
         """
         self._check_batches(batches)
         self._apply_lr_schedule()

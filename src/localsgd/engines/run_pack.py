@@ -100,7 +100,7 @@ class RunSlice(ReplicaEngineBase):
 
 
 class RunPack(BatchedReplicaEngine):
-    """R runs (``parts``: each run's `localsgd.train.EngineParts`; one model, K) as one
+    """R runs (``parts``: each run's `localsgd.training.loop.EngineParts`; one model, K) as one
     `BatchedReplicaEngine` of R·K replicas whose own schedule never runs: each run has its
     `RunSlice` (``runs``). ``packed``/``compile`` as the batched engine's."""
 

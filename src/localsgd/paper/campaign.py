@@ -4,16 +4,16 @@ of a lent GPU at a time.
 `ENTRIES` is the priority list, each a claim's runs as a notebook builds them in a mode
 (``sets``: the notebook parameters that cut its grid to the claim, the same ``--set`` values
 `render_commands` hands to ``localsgd reproduce`` afterwards). `run` takes the runs not kept
-yet, in that order, groups them into packs (`localsgd.train_runs`: runs that differ only in
+yet, in that order, groups them into packs (`localsgd.training.packs`: runs that differ only in
 seed, schedule, lr, momentum or outer step share one stack of R·K replicas, at most
 ``max_replicas``), and trains packs while the budget lasts: a pack cut off by the budget leaves
-its checkpoint in ``<runs>/packs/`` for the next GPU to resume (`localsgd.train_runs.OutOfTime`),
-a finished pack keeps each run (`grid.keep_run`) in ``figures/paper/runs/``, where
-``localsgd reproduce --mode paper`` reads them. Each run is kept under the configuration that
-reproduce asks for (paper mode's ``device: "cuda"``, ``batched: auto``, which a pack's batched
-engine is on a GPU), so nothing is trained twice. The converged proxy is not an entry: its
-configurations say ``device: "cpu"`` (the device is part of a run's results key, and a GPU's
-arithmetic is not the CPU's), so GPU runs of them would be other runs. Nothing here imports
+its checkpoint in ``<runs>/packs/`` for the next GPU to resume
+(`localsgd.training.packs.OutOfTime`), a finished pack keeps each run (`grid.keep_run`) in
+``figures/paper/runs/``, where ``localsgd reproduce --mode paper`` reads them. Each run is kept
+under the configuration that reproduce asks for (paper mode's ``device: "cuda"``, ``batched: auto``,
+which a pack's batched engine is on a GPU), so nothing is trained twice. The converged proxy is not
+an entry: its configurations say ``device: "cpu"`` (the device is part of a run's results key, and a
+GPU's arithmetic is not the CPU's), so GPU runs of them would be other runs. Nothing here imports
 papermill: the GPU image has none; the figures are drawn on a CPU afterwards.
 
 `plan` prices every entry from measured throughputs (``figures/gpu/**/loop.csv``, by K) in
@@ -100,9 +100,9 @@ def entry_configs(entry: Entry, notebooks: Path) -> list:
 
 
 def pack_configs(cfgs: Sequence, max_replicas: int) -> list[list]:
-    """``cfgs`` in packs: those that may share one (`localsgd.train_runs.PER_RUN`) in order,
+    """``cfgs`` in packs: those that may share one (`localsgd.training.packs.PER_RUN`) in order,
     at most ``max_replicas`` replicas (R·K) a pack, at least one run."""
-    from localsgd.train_runs import PER_RUN  # deferred: torch
+    from localsgd.training.packs import PER_RUN  # deferred: torch
 
     groups: dict[tuple, list] = {}
     for cfg in cfgs:
@@ -128,7 +128,7 @@ class Pack:
     @property
     def name(self) -> str:
         """The pack's checkpoint name: a hash of its runs' results keys."""
-        from localsgd.results_key import results_key
+        from localsgd.training.results_key import results_key
 
         blob = repr([sorted(results_key(c).items()) for c in self.cfgs]).encode()
         return f"pack-{hashlib.sha256(blob).hexdigest()[:16]}"
@@ -211,7 +211,7 @@ def run(budget_min: float, *, notebooks: Path, figures: Path,
     time remains and stopped at an epoch's end once it is spent (its checkpoint stays in
     ``<runs>/packs/``); ``shrink`` turns each configuration into a smaller one (``--toy``)."""
     from localsgd.paper.experiments import grid  # deferred: torch
-    from localsgd.train_runs import OutOfTime, train_runs
+    from localsgd.training.packs import OutOfTime, train_runs
 
     deadline = time.monotonic() + budget_min * 60
     gpu = gpu or gpu_plan.DEFAULT_GPU

@@ -1,5 +1,6 @@
-"""Command line: ``localsgd reproduce | report | bench | train | plan | doctor`` (also
-``python -m localsgd``)."""
+"""Command line: ``localsgd reproduce | report | bench | plan | doctor | gpu-check | campaign``
+(also ``python -m localsgd``), and ``train``, handed to the library's front door
+(`localsgd.training.cli`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import contextlib
 import importlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,9 +31,9 @@ BENCHES = {
 }
 
 
-def _parser(runner: bool = True) -> argparse.ArgumentParser:
-    """The command line; ``runner=False`` leaves out `train`, whose flags import torch (so
-    `localsgd plan` starts in a fraction of the time)."""
+def _parser() -> argparse.ArgumentParser:
+    """The reproduction's command line (``train``'s flags are the library's: it imports no
+    torch here, so `localsgd plan` starts in a fraction of the time)."""
     root = repo_root()
     p = argparse.ArgumentParser(prog="localsgd", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -96,16 +96,10 @@ def _parser(runner: bool = True) -> argparse.ArgumentParser:
                    "budget of minutes at a time; --plan prices it in GPU stints "
                    "(`localsgd campaign --help`)")
 
-    if runner:
-        from localsgd.runner_args import add_run_arguments  # deferred: imports torch (see above)
-
-        t = sub.add_parser("train", help="train one TrainConfig: in this process (--engine "
-                           "replicas) or one process per worker under torchrun (--engine ddp)")
-        t.add_argument("--engine", choices=("replicas", "ddp"), default="replicas",
-                       help="replicas: K models in this process; ddp: starts torchrun "
-                       "--standalone with one process per worker (several machines: run "
-                       "torchrun yourself)")
-        add_run_arguments(t)
+    # listed for --help only: main hands `train` to the library's front door before parsing
+    sub.add_parser("train", add_help=False, help="train one TrainConfig: in this process "
+                   "(--engine replicas) or one process per worker under torchrun (--engine "
+                   "ddp); `localsgd train --help` (localsgd.training.cli)")
 
     pl = sub.add_parser("plan", help="rank sync / local / hierarchical SGD schedules for a "
                         "cluster by predicted time per step (the timing model)",
@@ -182,49 +176,6 @@ def _plan(args: argparse.Namespace) -> int:
     print(format_plan(df, args.top or None))
     print("Speed only: a longer period is faster per step but may need more steps to reach "
           "the same accuracy (the blog did not measure model parity).")
-    return 0
-
-
-def _train(args: argparse.Namespace, argv: list[str]) -> int:
-    # deferred: both import torch, which `localsgd plan`, `report` and `reproduce` never need
-    from localsgd import runner
-    from localsgd.train import train
-
-    if args.engine == "ddp":
-        after = argv[argv.index("train") + 1:]  # the runner's own flags, without --engine
-        rest = [a for i, a in enumerate(after) if not a.startswith("--engine")
-                and not (i > 0 and after[i - 1] == "--engine")]
-        if "RANK" in os.environ:  # already a torchrun worker
-            return runner.main(rest)
-        if args.nodes not in (None, 1):
-            raise ValueError(f"--nodes {args.nodes}: `localsgd train` starts one machine's "
-                             "torchrun; on several machines start torchrun on each (README, "
-                             "'The torchrun runner')")
-        cfg = runner.resolve_config(args, None)
-        # the runner run as a module ends with os._exit (runner.exit_now says why)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(cfg.world_size), "-m", "localsgd.runner", *rest]
-        print("+ " + " ".join(cmd), flush=True)
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")  # one thread per worker process on a CPU box
-        return subprocess.run(cmd, env=env, check=False).returncode
-    runner_only = {"--straggler-seconds": args.straggler_seconds, "--straggler-rate":
-                   args.straggler_rate, "--straggler-ranks": args.straggler_ranks,
-                   "--compute-ms": args.compute_ms, "--compile": args.compile}
-    given = [k for k, v in runner_only.items() if v]
-    if given:
-        raise ValueError(f"{given} need one process per worker: use --engine ddp")
-    cfg = runner.resolve_config(args, None)
-    checkpoints = args.out / "checkpoints"
-    runner.prepare_resume(args, "run.pt")
-    use_ckpt = args.checkpoint_every > 0 or args.resume is not None
-    records = train(cfg, checkpoint_path=checkpoints / "run.pt" if use_ckpt else None,
-                    checkpoint_every_steps=args.checkpoint_every,
-                    resume=args.resume is not None, progress=not args.no_progress)
-    summary = runner.write_outputs(args.out, records, None, [], {
-        "engine": "replicas", "world_size": cfg.world_size, "steps": int(records.step.iloc[-1]),
-        "seconds": float(records.wall_seconds.iloc[-1])})
-    print(runner.format_summary(summary))
     return 0
 
 
@@ -465,14 +416,16 @@ def main(argv: list[str] | None = None) -> int:
         from localsgd.paper.gpu_check import main as gpu_check
 
         return gpu_check(argv[1:])
+    if argv[:1] == ["train"]:
+        from localsgd.training.cli import main as train
+
+        return train(argv[1:])
     if argv[:1] == ["campaign"]:
         from localsgd.paper.campaign import main as campaign
 
         return campaign(argv[1:])
-    args = _parser(runner=argv[:1] != ["plan"]).parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
-        if args.command == "train":
-            return _train(args, argv)
         if args.command == "reproduce":
             return _reproduce(args)
         if args.command == "report":

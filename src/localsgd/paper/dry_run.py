@@ -46,11 +46,13 @@ def updates() -> int | None:
 
 
 def limit():
-    """The `localsgd.train.RunLimit` of a dry run (N updates, `BATCH` samples per worker and
+    """The `localsgd.training.loop.RunLimit` of a dry run (N updates, `BATCH` samples per worker and
     update, `EVAL_IMAGES` test images), or None outside one."""
     n = updates()
     if n is None:
         return None
-    from localsgd.train import RunLimit  # here: the harness imports this module without torch
+    from localsgd.training.loop import (
+        RunLimit,  # here: the harness imports this module without torch
+    )
 
     return RunLimit(updates=n, batch=BATCH, eval_images=EVAL_IMAGES)

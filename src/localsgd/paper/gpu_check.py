@@ -13,7 +13,7 @@ measurements in one go (a few minutes on one H200; it stops each part at its tim
 3. The training loop on the first configuration of every paper notebook that trains
    (`gpu_plan.paper_configs`), as paper mode builds it (``precision: auto``: TF32 on CUDA),
    for 50 updates after 5 untimed ones: where the
-   loop's time goes (`localsgd.train_state.LOOP_PHASES`, the host's; the device's busy seconds
+   loop's time goes (`localsgd.training.state.LOOP_PHASES`, the host's; the device's busy seconds
    beside them, ``device_busy_s``) and its training images/s -> ``loop.csv``.
    A notebook whose data set is not on the machine is listed as skipped, with the reason.
 4. ``provenance.json``: the GPU's name, the versions, the command, the commit, the wall time.
@@ -123,10 +123,10 @@ def _sweep_steps(device: torch.device, size: Size) -> list[tuple[str, str, str, 
         return step
 
     def pack(fmt, precision: str, **kw: Any) -> Callable[[], None]:
-        # the campaign's case: k / 2 independent runs of K = 2 (`localsgd.train_runs`), each
+        # the campaign's case: k / 2 independent runs of K = 2 (`localsgd.training.packs`), each
         # its own optimizer, schedule and lr, one packed forward and backward for all
         from localsgd.engines.run_pack import RunPack
-        from localsgd.train import EngineParts
+        from localsgd.training.loop import EngineParts
 
         parts = [EngineParts(model_fn, SyncSchedule(Topology.from_paper(2, H_SWEEP)),
                              optimizer_fn, None, None, r, True, 1) for r in range(k // 2)]
@@ -230,8 +230,8 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
          budget_s: float, say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Part 3: the first configuration of each training notebook for ``size.updates`` updates."""
     from localsgd.paper import gpu_plan
-    from localsgd.train import RunLimit, train
-    from localsgd.train_state import DEVICE_BUSY, LOOP_PHASES
+    from localsgd.training.loop import RunLimit, train
+    from localsgd.training.state import DEVICE_BUSY, LOOP_PHASES
 
     t0, rows, cache = time.perf_counter(), [], {}
     for notebook, configs in gpu_plan.paper_configs(notebooks_dir, only).items():

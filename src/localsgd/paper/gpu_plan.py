@@ -267,8 +267,8 @@ def plan(items: Iterable[PlanItem], gpu: str = DEFAULT_GPU,
 
 def items_from_configs(notebook: str, configs: Sequence, note: str = "") -> list[PlanItem]:
     """One `PlanItem` per distinct `TrainConfig` (duplicates are trained once by the cache):
-    updates as `localsgd.train` computes them (floor(epochs * N / (K * B_loc))), one evaluation
-    of the test set per epoch."""
+    updates as `localsgd.training.loop` computes them (floor(epochs * N / (K * B_loc))), one
+    evaluation of the test set per epoch."""
     out = []
     for cfg in dict.fromkeys(configs):  # ordered, de-duplicated
         n = cfg.n_train or TRAIN_IMAGES[cfg.dataset]

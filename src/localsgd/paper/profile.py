@@ -1,11 +1,11 @@
 """Where a notebook's time goes: ``localsgd reproduce --profile FILE``.
 
-While a notebook runs under the profile, every `localsgd.train.train` run (through its
+While a notebook runs under the profile, every `localsgd.training.loop.train` run (through its
 ``on_phases`` hook: `on_train_phases` for the results cache's runs, the runner's ``--phases
 FILE`` for torchrun workers, which `experiments.timing_validation.launch` passes) and every saved
-figure appends one JSON line to the file named by ``LOCALSGD_PROFILE`` (``record``). After the notebook, `notebook_row` joins
-those lines with papermill's per-cell durations in the executed notebook and the harness's wall
-time into one row of phases:
+figure appends one JSON line to the file named by ``LOCALSGD_PROFILE`` (``record``). After the
+notebook, `notebook_row` joins those lines with papermill's per-cell durations in the executed
+notebook and the harness's wall time into one row of phases:
 
 * ``kernel_start``: harness wall time not spent in any cell (kernel launch, papermill);
 * ``imports``: the notebook's first code cell after its parameters (``notebook.params``, torch,
@@ -45,8 +45,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 ENV = "LOCALSGD_PROFILE"
 
-# `localsgd.train_state.LOOP_PHASES` (named again here: importing the loop would import torch into
-# every harness process; tests/test_profile.py checks the two agree)
+# `localsgd.training.state.LOOP_PHASES` (named again here: importing the loop would import torch
+# into every harness process; tests/test_profile.py checks the two agree)
 TRAIN_PHASES = ("setup", "data", "compute", "engine", "evaluate", "loop")
 COLUMNS = ("notebook", "total", "kernel_start", "imports", "launch", "compile", "convex", "runs",
            "updates", *TRAIN_PHASES, "save", "other")
@@ -57,16 +57,16 @@ def enabled() -> bool:
 
 
 def record(kind: str, **fields: Any) -> None:
-    """Append one event (``kind``: "train", "launch" or "save") to the profile file, if one is set; one
-    short ``write`` in append mode, so processes sharing the file do not interleave lines."""
+    """Append one event (``kind``: "train", "launch" or "save") to the profile file, if one is set;
+    one short ``write`` in append mode, so processes sharing the file do not interleave lines."""
     path = os.environ.get(ENV)
     if path:
         append_event(path, kind, **fields)
 
 
 def on_train_phases() -> Callable[[dict], None] | None:
-    """`localsgd.train.train`'s ``on_phases`` hook under a profile (records a "train" event),
-    else None."""
+    """`localsgd.training.loop.train`'s ``on_phases`` hook under a profile (records a "train"
+    event), else None."""
     return (lambda phases: record("train", **phases)) if enabled() else None
 
 

@@ -284,8 +284,8 @@ def run_notebook(spec: NotebookSpec, mode: str, *, out_dir: Path, build_dir: Pat
     """Execute one notebook with papermill; a failure is recorded, never raised. ``sets`` are
     the command line's parameters (``--set``; every name must be defined, `check_sets`);
     ``overrides`` set parameters the notebook defines (others are ignored), e.g. a dry run's
-    device, after ``sets``; ``profiled`` collects where its time went (`localsgd.paper.profile`) into
-    ``RunResult.phases``; ``progress`` prints a line per training run as it starts and ends
+    device, after ``sets``; ``profiled`` collects where its time went (`localsgd.paper.profile`)
+    into ``RunResult.phases``; ``progress`` prints a line per training run as it starts and ends
     (`localsgd.paper.run_progress`)."""
     import papermill as pm  # deferred: a slow import, needed only to execute a notebook
 
@@ -386,9 +386,9 @@ def run(specs: list[NotebookSpec], mode: str, *, out_dir: Path, build_dir: Path,
     ``jobs`` = 1 runs them in order. ``jobs`` > 1 runs the `TIMED` ones first, one at a time
     with every core, then the others ``jobs`` at a time, longest first by ``expected`` seconds
     (the committed ones), each kernel with ``cpu_count // jobs`` threads (`job_threads`). The
-    thread count does not change a CPU training run of K >= 2 replicas (`localsgd.train` runs
-    every op single-threaded and spreads the replicas over host threads); other float32 work may
-    differ at round-off level between thread counts, and the same command always gives a
+    thread count does not change a CPU training run of K >= 2 replicas (`localsgd.training.loop`
+    runs every op single-threaded and spreads the replicas over host threads); other float32 work
+    may differ at round-off level between thread counts, and the same command always gives a
     notebook the same count. Results come back in ``specs`` order.
     """
     allocator_env()  # kept freed memory, for the kernels this starts

@@ -168,7 +168,7 @@ def provenance(*, params: dict[str, Any], mode: str, scale: str, seed: int | Non
     """The sidecar record: everything needed to say how a result was made. ``git`` is the checkout
     when the record is written, which may be later than the cached training runs it reads; each
     of those names its own code in its ``.json`` (`localsgd.paper.experiments.grid.run_provenance`)
-    and is keyed by its meaning (`localsgd.results_key`)."""
+    and is keyed by its meaning (`localsgd.training.results_key`)."""
     if scale not in SCALES:
         raise ValueError(f"scale={scale!r} is not one of {SCALES}")
     return {
@@ -282,9 +282,10 @@ def code_hash(package: Path | None = None, *, skip: tuple[str, ...] = ()) -> str
 @functools.cache
 def library_code_hash(package: Path | None = None) -> str:
     """Hash of the library wing's definitions (the package less ``localsgd.paper``): what a
-    `localsgd.train.train` run's records depend on. Every figure and kept training run records
-    it (provenance; training runs are keyed by `localsgd.results_key` instead, which a code
-    edit leaves alone), and the convex grids' key starts from it (`experiment_code_hash`).
+    `localsgd.training.loop.train` run's records depend on. Every figure and kept training run
+    records it (provenance; training runs are keyed by `localsgd.training.results_key` instead,
+    which a code edit leaves alone), and the convex grids' key starts from it
+    (`experiment_code_hash`).
 
     It hashes the sorted set of top-level definitions and statements of every module as
     `ast.dump` gives them, without docstrings, imports and ``__all__``: a change to any
@@ -372,9 +373,9 @@ def cached(name: str, params: dict[str, Any], compute: Callable[[], pd.DataFrame
     The entry is ``entry`` or else `cache_entry`: ``<cache_dir>/<name>-<hash of params and of
     the code>.csv`` with a ``.json`` of the parameters (and ``meta``) beside it. The code hash
     ``code`` defaults to the whole package's (any change to it may change results; training runs
-    pass their own ``entry``, keyed by meaning: `localsgd.results_key`). Both files are written
-    atomically, so an interrupted run never leaves a corrupt entry. A corrupt entry found anyway
-    (e.g. edited by hand) is recomputed, not trusted.
+    pass their own ``entry``, keyed by meaning: `localsgd.training.results_key`). Both files are
+    written atomically, so an interrupted run never leaves a corrupt entry. A corrupt entry found
+    anyway (e.g. edited by hand) is recomputed, not trusted.
     """
     if dry_run.updates() is not None:  # a dry run's numbers are not results: never cached
         return compute()

@@ -39,10 +39,10 @@ def cpu_model() -> str:
 def probe(repeats: int = PROBE_REPEATS) -> float:
     """Seconds of a fixed workload shaped like the notebooks' training, the fastest of
     ``repeats``: two width-0.5 ResNet-20s (one on a one-core machine) side by side on host
-    threads, every op single-threaded on channels-last inputs, as `localsgd.train` runs replicas
-    on a CPU; 4 SGD steps each on 64 random 32-px images (float32) per repeat, after one untimed
-    warm-up step (~4 s in all). Two at once also measures what two busy cores cost each other
-    (shared caches, SMT). The fastest repeat, not the median: other processes only ever slow a
+    threads, every op single-threaded on channels-last inputs, as `localsgd.training.loop` runs
+    replicas on a CPU; 4 SGD steps each on 64 random 32-px images (float32) per repeat, after one
+    untimed warm-up step (~4 s in all). Two at once also measures what two busy cores cost each
+    other (shared caches, SMT). The fastest repeat, not the median: other processes only ever slow a
     repeat down, and a median of five once read 29 % slow at the start of a run whose notebooks
     then ran at the reference's speed (docs/profile.md)."""
     import torch  # deferred: the estimate is printed before anything else imports torch

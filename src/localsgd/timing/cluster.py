@@ -59,8 +59,8 @@ class Cluster:
 def modelled_time(records: pd.DataFrame, cluster: Cluster) -> pd.Series:
     """Time axis of a training run: measured compute + modelled communication, in seconds.
 
-    ``records`` are `localsgd.train` records: cumulative ``compute_seconds`` (median worker per
-    step, as if the K workers ran in parallel), ``param_bytes``, ``world_size`` and, per level
+    ``records`` are `localsgd.training.loop` records: cumulative ``compute_seconds`` (median worker
+    per step, as if the K workers ran in parallel), ``param_bytes``, ``world_size`` and, per level
     ``i``, its group size ``group_l{i}``, model-averaging rounds ``sync_l{i}`` and
     gradient all-reduce rounds ``gradsync_l{i}`` (cumulative). Cluster parameters do not enter
     the training, so one run can be priced on many clusters.

@@ -65,10 +65,11 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
     core, also for callers with their own step times (`simulate` draws them).
 
     ``plans``: one `Scheme.plan` per configuration. ``work`` [steps, W]: compute + effective
-    stall of each worker and step (shared by the configurations: common random numbers, so differences are the schemes', not the draws').
-    ``grad_cost[c, g]`` / ``avg_cost[c, g]``: exposed seconds of a gradient all-reduce / model
-    average in groups of size g for configuration c. Returns per-configuration arrays
-    ``clock`` (final per-worker time), ``wait`` and ``comm`` (per-worker totals).
+    stall of each worker and step (shared by the configurations: common random numbers, so
+    differences are the schemes', not the draws'). ``grad_cost[c, g]`` / ``avg_cost[c, g]``: exposed
+    seconds of a gradient all-reduce / model average in groups of size g for configuration c.
+    Returns per-configuration arrays ``clock`` (final per-worker time), ``wait`` and ``comm``
+    (per-worker totals).
 
     ``queue = (compute, stall, q, Q[c])``: the host may have up to Q steps in flight
     (asynchronous CUDA queue; collectives block the device stream, not the host). Per step the
@@ -150,9 +151,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        ``jitter`` (0: every step the same), drawn once and shared by every scheme;
     2. stall: `Stragglers` semantics (``rate`` per worker and step, ``seconds`` long; ranks in
        ``persistent`` stall every step), drawn once and shared; with ``runner_stalls`` exactly
-       the draws of ``python -m localsgd.runner`` (`Stragglers.stall`; slow: pure-Python per draw);
-       ``stalls`` ([steps, workers] seconds) replaces the draws, e.g. by the ``stall_s`` a real
-       run recorded in its timing.csv.
+       the draws of ``python -m localsgd.training.runner`` (`Stragglers.stall`; slow: pure-Python
+       per draw); ``stalls`` ([steps, workers] seconds) replaces the draws, e.g. by the ``stall_s``
+       a real run recorded in its timing.csv.
        ``queued_fraction`` q: the share of a step's device work already queued when the host
        stalls, which runs during the stall, so a stall costs ``max(0, s − q·compute)``.
        q = 0: the stall blocks (CPU compute, the runner's sleep); q ≈ 1/3: the blog's emulation
@@ -160,8 +161,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        blog, "Experimental Setup" and its code snippet).
        ``queue_steps`` Q: how many steps a host may have in flight on its device. 0 or 1: the
        host waits for its device every step (a ``loss.item()`` per step; CPU/gloo, the runner).
-       Q ≥ 2: PyTorch's asynchronous CUDA execution — NCCL collectives and DDP's all-reduce block the
-       device stream, not the host, so a host keeps enqueueing while its GPU waits for a
+       Q ≥ 2: PyTorch's asynchronous CUDA execution — NCCL collectives and DDP's all-reduce block
+       the device stream, not the host, so a host keeps enqueueing while its GPU waits for a
        straggler elsewhere, and its own later stall is then hidden by that backlog; stalls of
        different workers overlap instead of adding up (how a stall interacts with queued device
        work; the blog's snippet does not show whether its loop synchronised).
@@ -203,8 +204,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
                  inter_gbps=32.0), compute_ms=55.0, model_mb=45.0,
                  stragglers=Stragglers(seconds=1.0, rate=0.01))
 
-    A torchrun run (``python -m localsgd.runner``, gloo, ``--compute-ms M``, stragglers): one
-    `Scheme.from_train_config` per run, ``compute_ms`` = M plus the measured per-step overhead,
+    A torchrun run (``python -m localsgd.training.runner``, gloo, ``--compute-ms M``, stragglers):
+    one `Scheme.from_train_config` per run, ``compute_ms`` = M plus the measured per-step overhead,
     ``backward_fraction=0`` (the emulated compute sleeps in the forward), ``Stragglers`` as the
     runner's flags (``runner_stalls=True`` for its exact draws, or ``stalls=`` the recorded
     ``stall_s``), ``Cluster(gpus_per_node=procs_per_node, ...)``.

@@ -7,15 +7,16 @@ three share the machine's noise:
 * ``single``: one model, ``torch.optim.SGD(lr 0.1, momentum 0.9, weight decay 1e-4)``, batch B
   (the floor: what one worker costs without any replica machinery);
 * ``replica``: `localsgd.engines.replicas.ReplicaEngine`, K replicas of batch B each, run one
-  after the other (K * B samples per step), local SGD averaging parameters and BN buffers every H steps;
+  after the other (K * B samples per step), local SGD averaging parameters and BN buffers every H
+  steps;
 * ``batched``: `localsgd.engines.batched.BatchedReplicaEngine`, the same K replicas as one vmapped
   forward/backward;
 * ``replica_channels_last`` (with ``--layouts``): the sequential engine fed channels-last (NHWC)
   batches, the layout `localsgd.numerics.memory_format` picks for single-threaded CPU runs;
 * ``replica_host_threads`` (with ``--host-threads N``): the sequential engine with its replicas
   spread over N host threads, every op single-threaded, on channels-last batches: what
-  `localsgd.train.train` runs on a CPU (`TrainConfig.host_threads`). Its windows run with one
-  torch thread, the others with ``--threads``.
+  `localsgd.training.loop.train` runs on a CPU (`TrainConfig.host_threads`). Its windows run with
+  one torch thread, the others with ``--threads``.
 
 Inputs are random uint8-like images [B, 3, 32, 32] scaled to [0, 1] and random labels: a speed
 benchmark, not a training run. Each round times a window of ``--steps`` engine steps and
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time the sequential engine on channels-last batches")
     ap.add_argument("--host-threads", type=int, default=0, metavar="N",
                     help="also time the replicas spread over N host threads (one torch thread "
-                         "per op, channels-last), as localsgd.train runs them on a CPU")
+                         "per op, channels-last), as localsgd.training.loop runs them on a CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON line only")
     args = ap.parse_args(argv)
     for name in ("world", "batch", "steps", "rounds", "period"):

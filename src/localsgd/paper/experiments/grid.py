@@ -1,6 +1,6 @@
 """Shared helpers of the deep-learning experiments: grids of `TrainConfig` runs, time axes,
-time-to-accuracy and speed-ups (verdicts: `localsgd.paper.experiments.claims`) (one module per source builds on these:
-`localsgd.paper.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
+time-to-accuracy and speed-ups (verdicts: `localsgd.paper.experiments.claims`) (one module per
+source builds on these: `localsgd.paper.experiments.lin2020`, `.slowmo`, `.hsgd_blog`).
 
 Notebooks stay thin: they pick parameters, call these functions and plot. Runs go through the
 results cache (`run_cached`), so two artifacts that need the same run (Figure 6's
@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 from localsgd import data, paths
 from localsgd.paper import dry_run, profile, results, run_progress
 from localsgd.paper.experiments import claims
-from localsgd.results_key import RESULTS_VERSION, results_key, same_run
 from localsgd.timing.cluster import Cluster, modelled_time
-from localsgd.train import train
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import train
+from localsgd.training.results_key import RESULTS_VERSION, results_key, same_run
 
 __all__ = [
     "WORK_KEYS",
@@ -63,7 +63,7 @@ def runs_dir() -> Path | None:
 
 
 def _entry(cfg: TrainConfig) -> Path:
-    """``cfg``'s results-cache entry, named by its meaning (`localsgd.results_key`)."""
+    """``cfg``'s results-cache entry, named by its meaning (`localsgd.training.results_key`)."""
     return results.keyed_entry("train", results_key(cfg))
 
 
@@ -155,11 +155,11 @@ def _copy_entry(entry: Path, folder: Path) -> None:
 
 
 def run_cached(cfg: TrainConfig, *, refresh: bool = False, progress: bool = True) -> pd.DataFrame:
-    """`localsgd.train.train` through the results cache: identical runs (also across notebooks)
-    train once. The key is the run's meaning (`localsgd.results_key`: the fields that change
-    its numbers and the results version), not the code's. A run being trained checkpoints
-    after every epoch beside its cache entry (`checkpoint_path`), so one cut off mid-way (a
-    closed laptop, a killed kernel) resumes from its last epoch, as `train` resumes (bitwise);
+    """`localsgd.training.loop.train` through the results cache: identical runs (also across
+    notebooks) train once. The key is the run's meaning (`localsgd.training.results_key`: the fields
+    that change its numbers and the results version), not the code's. A run being trained
+    checkpoints after every epoch beside its cache entry (`checkpoint_path`), so one cut off mid-way
+    (a closed laptop, a killed kernel) resumes from its last epoch, as `train` resumes (bitwise);
     the checkpoint is deleted once the entry is written. Inside a dry run
     (`localsgd.paper.dry_run`) the run is cut short, neither checkpointed nor cached; under
     ``localsgd reproduce --profile`` its phases are recorded."""
@@ -308,7 +308,7 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
 
 
 def _training_images(cfg: TrainConfig) -> int:
-    """Training images a run of ``cfg`` processes: its updates (`localsgd.train`'s count,
+    """Training images a run of ``cfg`` processes: its updates (`localsgd.training.loop`'s count,
     floor(epochs × N / (K × B_loc))) × K × B_loc; 0 where N is unknown (a folder data set)."""
     n = cfg.n_train or (data.CIFAR_COUNTS[0] if cfg.dataset in data.CIFAR_DATASETS else 0)
     per_update = cfg.world_size * cfg.local_batch

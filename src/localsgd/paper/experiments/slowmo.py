@@ -12,7 +12,7 @@ import pandas as pd
 
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.grid import base_config
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["base", "breakeven_table", "configs", "final_records", "slowmo_claims",
            "slowmo_configs", "slowmo_summary", "variant_order"]

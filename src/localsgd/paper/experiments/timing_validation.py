@@ -2,8 +2,8 @@
 
 `localsgd.timing.simulate.simulate` predicts the wall-clock time of synchronous, local and
 hierarchical SGD with stragglers. Here the same configurations run for real:
-``python -m localsgd.runner`` with ``--sweep`` trains a grid of them one after another inside
-one torchrun launch (one torch start-up per world size), gloo on this machine's loopback,
+``python -m localsgd.training.runner`` with ``--sweep`` trains a grid of them one after another
+inside one torchrun launch (one torch start-up per world size), gloo on this machine's loopback,
 compute emulated by a sleep (``--compute-ms``) and stragglers emulated as in the PyTorch
 hierarchical-SGD blog ("Experimental Setup": every step each worker stalls for S seconds with
 probability p; here seeded by (seed, rank, step), so every configuration of a launch meets the
@@ -64,12 +64,12 @@ from localsgd.paper import profile
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.claims import Verdict
 from localsgd.paper.notebook import ParameterError
-from localsgd.runner_args import SWEEP_OPTIONS
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.scheme import Scheme
 from localsgd.timing.simulate import simulate
 from localsgd.timing.stragglers import Stragglers, stall_draws
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
+from localsgd.training.runner_args import SWEEP_OPTIONS
 
 __all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "check_worker_counts",
            "grid", "launch", "measure", "median_table", "own_work", "predict", "predict_random",
@@ -149,7 +149,7 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     (out / "base.yaml").write_text(yaml.safe_dump(cfg))
     (out / "sweep.yaml").write_text(yaml.safe_dump(entries))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(workers), "-m", "localsgd.runner", "--config", str(out / "base.yaml"),
+           str(workers), "-m", "localsgd.training.runner", "--config", str(out / "base.yaml"),
            "--sweep", str(out / "sweep.yaml"), "--out", str(runs), "--no-progress", "--fast-exit",
            "--compute-ms", str(compute_ms), "--straggler-seconds", str(straggler_seconds),
            "--straggler-rate", str(straggler_rate)]
@@ -580,8 +580,8 @@ def queue_experiment(workers: int = 8, steps: int = 48, compute_ms: float = 30.0
 # The project's own claim (no source states it): the timing model predicts the measured
 # speed-ups over synchronous SGD within ``tolerance``. The measured speed-ups are real
 # wall-clock measurements, so the verdict rests on their spread over repeats (each repeat meets
-# other stall draws), by the rule of `localsgd.paper.experiments.claims`: one repeat is inconclusive at this
-# scale.
+# other stall draws), by the rule of `localsgd.paper.experiments.claims`: one repeat is inconclusive
+# at this scale.
 
 ARTIFACT = "Timing model vs runner"
 TOLERANCE_ORIGIN = ("our tolerance: the notebook's `tolerance`, a model that good ranks the "

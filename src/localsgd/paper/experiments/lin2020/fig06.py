@@ -20,7 +20,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     seed_values,
 )
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["FIG06_CLAIM", "FIG06_TEST_CLAIM", "configs", "fig06_claims"]
 
@@ -58,8 +58,8 @@ def fig06_claims(runs: pd.DataFrame, *, Hs: Sequence[int], inter_gbps: float,
 
     1. "H = 16 reaches the same training accuracy at least 3× faster": each seed's speed-up
        (`grid.speedup_table` on ``time_s``: measured compute + modelled ``inter_gbps``
-       communication; the row's value is their mean) by the verdict rule (one-sided 95 % t bound), unless
-       communication is too small a share of H = 1's time for any H to give 3× (H = 1's time
+       communication; the row's value is their mean) by the verdict rule (one-sided 95 % t bound),
+       unless communication is too small a share of H = 1's time for any H to give 3× (H = 1's time
        over its compute alone, `_speedup_bound`): then *not testable at this scale*, with the
        share named. The same speed-up with Table 5's per-update costs (``time_paper_s``; its
        compute per update ``paper_compute_s`` gives that axis's bound) is reported beside.

@@ -22,7 +22,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     seed_values,
 )
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["FIG07B_CLAIM", "comm_bound", "configs", "fig07_claims", "with_table5_time"]
 

@@ -16,7 +16,7 @@ import yaml
 from localsgd.paper.experiments.claims import claim_row, verdict
 from localsgd.paper.experiments.grid import base_config, speedup_table
 from localsgd.paper.results import resolve_out_dir
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = [
     "FIG08_BASELINE",
@@ -79,7 +79,8 @@ def fig08_torchrun(configs: Sequence[TrainConfig], labels: Sequence[dict], *, no
         (cfg_dir / f"{lab['label']}.yaml").write_text(yaml.safe_dump(
             {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.to_dict().items()}))
         commands.append(f"torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} "
-                        f"--rdzv-backend c10d --rdzv-endpoint $MASTER:29500 -m localsgd.runner "
+                        "--rdzv-backend c10d --rdzv-endpoint $MASTER:29500 "
+                        "-m localsgd.training.runner "
                         f"--config {cfg_dir}/{lab['label']}.yaml --out RUNS/{lab['label']}")
     return commands
 
@@ -130,9 +131,10 @@ def fig08_load_runs(runs_dir: str | Path, labels: Sequence[dict]) -> pd.DataFram
 def fig08_claims(runs: pd.DataFrame, *, H: int, standin: bool, inter_gbps: float,
                  note: str = "") -> tuple[list[dict], str, pd.DataFrame]:
     """Figure 8 (§4.2.2): "local SGD (H = 8) trains ResNet-50 on ImageNet at least 1.5× faster
-    than mini-batch SGD", judged by the verdict rule (one-sided 95 % t bound) on each seed's speed-up (time to the
-    lower final test top-1 of the pair, `grid.speedup_table` on ``time_s``: measured compute +
-    modelled communication; paired by seed). Returns (compare rows, status, speed-up table).
+    than mini-batch SGD", judged by the verdict rule (one-sided 95 % t bound) on each seed's
+    speed-up (time to the lower final test top-1 of the pair, `grid.speedup_table` on ``time_s``:
+    measured compute + modelled communication; paired by seed). Returns (compare rows, status,
+    speed-up table).
 
     A stand-in run (not ImageNet: quick and smoke modes) gives no compare row: its status says
     so and carries its own ratio, never set beside the paper's. With one seed the verdict is

@@ -14,7 +14,7 @@ import pandas as pd
 from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.grid import base_config
 from localsgd.paper.experiments.lin2020.common import or_unmeasured, paired_by_seed, rows_where
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["FIG09_CLAIMS", "configs", "fig09_claims"]
 

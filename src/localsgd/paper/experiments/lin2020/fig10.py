@@ -11,7 +11,7 @@ import pandas as pd
 
 from localsgd.paper.experiments.claims import claim_row, verdict
 from localsgd.paper.experiments.grid import base_config
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["FIG10_MAX_LOSS", "base", "configs", "fig10_claims"]
 
@@ -37,9 +37,9 @@ def fig10_claims(runs: pd.DataFrame, *, available: bool, Hs: Sequence[int], K: i
     achieves similar performance as mini-batch SGD", made testable as: the largest H's final
     test top-1 is at most 1 point below H = 1's (``FIG10_MAX_LOSS``; Table 5's ResNet-20 on
     CIFAR-100 loses 0.81 points at H = 8). Judged on per-seed differences (paired by seed) by
-    the verdict rule (one-sided 95 % t bound); "data unavailable" when CIFAR-100 is not on the machine (nothing is
-    trained and nothing substituted); "not measurable" without an H = 1 run or a finite pair.
-    The row matches no source number (the report lists it among our own claims).
+    the verdict rule (one-sided 95 % t bound); "data unavailable" when CIFAR-100 is not on the
+    machine (nothing is trained and nothing substituted); "not measurable" without an H = 1 run or a
+    finite pair. The row matches no source number (the report lists it among our own claims).
     """
 
     h_max = max(Hs)

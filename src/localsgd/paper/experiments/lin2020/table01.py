@@ -23,7 +23,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     with_claim,
 )
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["TABLE01_CLAIM", "base", "configs", "table01_claims", "table01_configs",
            "table01_reported"]
@@ -93,11 +93,11 @@ def table01_claims(final: pd.DataFrame, *, mode: str, B_loc: int, width: float,
 
     ``final`` holds each run's last record (columns tricks, method, B_glob, seed, test_acc).
     At the largest B_glob, local minus mini-batch test top-1, paired by seed, must be >= 0 points
-    (its one-sided 95 % t bound above 0) both without and with the large-batch tricks (the tricks do not rescue mini-batch SGD); each part
-    is decided by `claims.verdict` after `claims.regime` (both methods converged, neither
-    underfit against the other: otherwise the gap is what each fits in the epoch budget, not
-    generalisation) and the two by `claims.combine`. The claim sits on the row "local SGD; w/o
-    tricks; B_glob=<largest>".
+    (its one-sided 95 % t bound above 0) both without and with the large-batch tricks (the tricks do
+    not rescue mini-batch SGD); each part is decided by `claims.verdict` after `claims.regime` (both
+    methods converged, neither underfit against the other: otherwise the gap is what each fits in
+    the epoch budget, not generalisation) and the two by `claims.combine`. The claim sits on the row
+    "local SGD; w/o tricks; B_glob=<largest>".
     """
 
     table = final.groupby(["tricks", "method", "B_glob"])["test_acc"].agg(

@@ -69,8 +69,8 @@ def update_and_sync_counts(hs: Sequence[int], *, epochs: float = 300, n_train: i
                            workers: int = 16, batch: int = 128) -> pd.DataFrame:
     """Updates U per worker and global averaging rounds per H for flat local SGD.
 
-    U = ⌊epochs·N/(K·B)⌋ as `localsgd.train` counts it; rounds = ⌈epochs·N/(K·B·H)⌉, eq. (6)'s
-    count (`localsgd.timing.comm.sync_rounds`) with H^b = 1 (Table 2: 7,324 updates, 7,325 … 8
+    U = ⌊epochs·N/(K·B)⌋ as `localsgd.training.loop` counts it; rounds = ⌈epochs·N/(K·B·H)⌉, eq.
+    (6)'s count (`localsgd.timing.comm.sync_rounds`) with H^b = 1 (Table 2: 7,324 updates, 7,325 … 8
     rounds).
     """
     updates = math.floor(epochs * n_train / (workers * batch))

@@ -17,7 +17,7 @@ from localsgd.paper.experiments.claims import claim_row
 from localsgd.paper.experiments.grid import app_c_tricks, base_config
 from localsgd.paper.experiments.lin2020.common import paired_by_seed, rows_where, seed_values
 from localsgd.timing.comm import ClusterShape, schedule_sync_counts
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["appB_rows", "appB_table3", "configs", "table03_claims"]
 

@@ -23,7 +23,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     with_claim,
 )
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = [
     "TABLE05_BY",
@@ -146,9 +146,9 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
     gap >= -1 and gap <= +1 (`claims.verdict` each, two one-sided tests), joined by
     `claims.combine`: held only when both 95 % bounds lie inside the band; did not hold when
     one lies beyond an edge; otherwise inconclusive. Before them `claims.regime`: both H
-    converged, neither underfit against the other. A data set that is not on this machine is a "data unavailable"
-    part, so the claim cannot be held while its cells are untested. Needs H = 1 and 8 in
-    ``hs``; each model and data set with both gets a row of the tested quantity, the mean
+    converged, neither underfit against the other. A data set that is not on this machine is a "data
+    unavailable" part, so the claim cannot be held while its cells are untested. Needs H = 1 and 8
+    in ``hs``; each model and data set with both gets a row of the tested quantity, the mean
     paired change "H=8 vs H=1" (the source's beside it: reported.csv derives it from Table 5's
     two cells), and the claim sits on the first (ResNet-20 on CIFAR-10 in every mode).
     """

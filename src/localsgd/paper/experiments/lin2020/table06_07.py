@@ -24,7 +24,7 @@ from localsgd.paper.experiments.lin2020.common import (
     rows_where,
     with_claim,
 )
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["TABLE06_CLAIMS", "base", "configs", "momentum_config", "table06_07_claims",
            "table06_07_configs", "table06_07_reported"]

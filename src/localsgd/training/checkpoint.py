@@ -1,8 +1,8 @@
 """Checkpoints of a training run: atomic writes, validated loads, per-rank files for torchrun.
 
 A checkpoint is a dict ``{"format": CHECKPOINT_FORMAT, "config": cfg.to_dict(), "engine":
-engine.state_dict(), "records": ..., "totals": ...}`` written by `localsgd.train.train`; it is
-loaded with ``weights_only=True`` and refused (a ``ValueError`` naming the difference) when it
+engine.state_dict(), "records": ..., "totals": ...}`` written by `localsgd.training.loop.train`; it
+is loaded with ``weights_only=True`` and refused (a ``ValueError`` naming the difference) when it
 belongs to another configuration.
 """
 
@@ -44,7 +44,8 @@ def save_checkpoint(path: str | Path, state: dict) -> Path:
 
 def load_checkpoint(path: str | Path, cfg: Any) -> dict:
     """Load and validate a checkpoint of ``cfg``'s run (``weights_only=True``); ``cfg`` is the
-    run's `localsgd.train_config.TrainConfig` (not imported here: the loop imports this module)."""
+    run's `localsgd.training.config.TrainConfig` (not imported here: the loop imports this
+    module)."""
     path = Path(path)
     state = read_state(path, "a localsgd checkpoint")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:

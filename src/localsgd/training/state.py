@@ -1,7 +1,7 @@
-"""The state one `localsgd.train.train` call carries between its updates: the training sums
+"""The state one `localsgd.training.loop.train` call carries between its updates: the training sums
 since the last record (`Totals`), the updates whose device values are still unread (`Unread`,
 read once per record), and `Run`, which takes one update, one record (the test set and the
-sums), a checkpoint's snapshot and the phases' seconds. `localsgd.train._train` is the loop
+sums), a checkpoint's snapshot and the phases' seconds. `localsgd.training.loop._train` is the loop
 that drives it; nothing here decides when to record or checkpoint."""
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from localsgd import numerics
-from localsgd.batch_sources import MemoryBatches, StreamedBatches, combine_eval
-from localsgd.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpoint
 from localsgd.engines import Engine
-from localsgd.run_plan import RunPlan
-from localsgd.train_config import TrainConfig
+from localsgd.training.batch_sources import MemoryBatches, StreamedBatches, combine_eval
+from localsgd.training.checkpoint import CHECKPOINT_FORMAT, RankCheckpoints, save_checkpoint
+from localsgd.training.config import TrainConfig
+from localsgd.training.plan import RunPlan
 
 __all__ = ["DEVICE_BUSY", "LOOP_PHASES", "Run", "Totals", "Unread", "timed_by_events"]
 
@@ -129,7 +129,7 @@ class Unread:
 @dataclass
 class Run:
     """What one `train` call carries between its updates (`_train` is the loop): the engine
-    and the batches, the plan they run by (`localsgd.run_plan.RunPlan`), the totals since the
+    and the batches, the plan they run by (`localsgd.training.plan.RunPlan`), the totals since the
     last record, the records and the phases' seconds."""
 
     cfg: TrainConfig

@@ -23,7 +23,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["NOT_IN_KEY", "RESULTS_VERSION", "UNUSED_WHEN", "results_key", "same_run"]
 
@@ -43,7 +43,7 @@ NOT_IN_KEY = {
 }
 
 # Fields that cannot change a run's numbers while another field leaves them unused
-# (`localsgd.train.build_engine` reads them only then): (when unused, why).
+# (`localsgd.training.loop.build_engine` reads them only then): (when unused, why).
 UNUSED_WHEN = {
     "slowmo_momentum": (lambda c: c.slowmo_frequency is None, "no SlowMo outer step"),
     "slowmo_lr": (lambda c: c.slowmo_frequency is None, "no SlowMo outer step"),

@@ -1,6 +1,6 @@
-"""The runner's command line (`localsgd.runner`): its flags (shared with ``localsgd train``), the
-`TrainConfig` they resolve to, the engine options, the runs of ``--sweep FILE`` and the
-``--resume`` check. Everything is checked before any process group exists."""
+"""The runner's command line (`localsgd.training.runner`): its flags (shared with ``localsgd
+train``), the `TrainConfig` they resolve to, the engine options, the runs of ``--sweep FILE`` and
+the ``--resume`` check. Everything is checked before any process group exists."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import yaml
 from localsgd import configs
 from localsgd.engines.ddp import COMPILE_MODES
 from localsgd.timing.stragglers import Stragglers
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["RESUME_AUTO", "RESUME_REQUIRED", "SWEEP_OPTIONS", "add_run_arguments",
            "config_values", "engine_options", "prepare_resume", "resolve_config", "sweep_runs"]
@@ -49,8 +49,9 @@ def _field_parser(hint: Any) -> Callable[[str], Any]:
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags shared by ``python -m localsgd.runner`` and ``localsgd train``: every `TrainConfig`
-    field as ``--field-name`` (overriding ``--config``), plus the runner's own options."""
+    """Flags shared by ``python -m localsgd.training.runner`` and ``localsgd train``: every
+    `TrainConfig` field as ``--field-name`` (overriding ``--config``), plus the runner's own
+    options."""
     p.add_argument("--config", metavar="NAME|FILE",
                    help="a shipped config by name (" + ", ".join(configs.shipped()) + "; "
                    "src/localsgd/configs/) or a YAML file of TrainConfig fields")

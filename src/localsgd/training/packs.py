@@ -1,6 +1,6 @@
 """`train_runs`: several training runs of one model, K and B_loc trained together as one
 `localsgd.engines.run_pack.RunPack` (R·K replicas, one forward and backward per update), each
-returning the records `localsgd.train.train` would return for it alone.
+returning the records `localsgd.training.loop.train` would return for it alone.
 
 What may differ between the runs of a pack is what a run does between forward passes
 (`PER_RUN`: seed, schedule, learning rate, momentum, weight decay, outer step, SGP); everything
@@ -25,14 +25,14 @@ from tqdm.auto import tqdm
 
 from localsgd import data as data_mod
 from localsgd import numerics
-from localsgd.batch_sources import STREAMED, MemoryBatches, load_dataset
-from localsgd.checkpoint import CHECKPOINT_FORMAT, read_state, save_checkpoint
 from localsgd.engines.common import Deferred
 from localsgd.engines.run_pack import RunPack
-from localsgd.run_plan import plan_run
-from localsgd.train import RunLimit, engine_parts, update_counts
-from localsgd.train_config import TrainConfig
-from localsgd.train_state import Run
+from localsgd.training.batch_sources import STREAMED, MemoryBatches, load_dataset
+from localsgd.training.checkpoint import CHECKPOINT_FORMAT, read_state, save_checkpoint
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import RunLimit, engine_parts, update_counts
+from localsgd.training.plan import plan_run
+from localsgd.training.state import Run
 
 __all__ = ["PER_RUN", "OutOfTime", "check_packable", "train_runs"]
 
@@ -68,11 +68,13 @@ def check_packable(cfgs: Sequence[TrainConfig]) -> None:
         if diff:
             name, (a, b) = next(iter(diff.items()))
             raise ValueError(f"run {i} cannot share a pack with run 0: {name} = {b!r}, run 0 has "
-                             f"{a!r} (runs of a pack differ only in localsgd.train_runs.PER_RUN: "
+                             f"{a!r} (runs of a pack differ only in "
+                             "localsgd.training.packs.PER_RUN: "
                              "seed, schedule, lr, momentum, weight decay, outer step)")
     if cfgs[0].dataset in STREAMED:
         raise ValueError(f"dataset={cfgs[0].dataset!r} is streamed from image folders; packs "
-                         "hold their data in memory (CIFAR): train it with localsgd.train.train")
+                         "hold their data in memory (CIFAR): train it with "
+                         "localsgd.training.loop.train")
 
 
 def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | None = None,
@@ -80,13 +82,13 @@ def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | 
                resume: bool = True, progress: bool = True,
                limit: RunLimit | None = None,
                deadline: float | None = None) -> list[pd.DataFrame]:
-    """Train ``cfgs`` as one pack and return each run's records, as `localsgd.train.train`
+    """Train ``cfgs`` as one pack and return each run's records, as `localsgd.training.loop.train`
     would for the run alone (its ``batched`` column says True: the pack is the batched engine,
     vmapped, or packed where ``packed`` says so on CUDA).
 
     ``checkpoint_path``: the pack's checkpoint, written every ``checkpoint_every`` epochs and on
     Ctrl-C, continued when ``resume`` and it holds these configurations. ``limit``: cut the runs
-    short (`localsgd.train.RunLimit`). ``deadline`` (a `time.monotonic` value, needs
+    short (`localsgd.training.loop.RunLimit`). ``deadline`` (a `time.monotonic` value, needs
     ``checkpoint_path``): past it, at the next epoch's end, the checkpoint is written and
     `OutOfTime` raised, so a GPU lent for minutes leaves work the next one resumes."""
     if deadline is not None and checkpoint_path is None:

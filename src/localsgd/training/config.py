@@ -112,7 +112,7 @@ class TrainConfig:
     # -- engine and bookkeeping
     batched: bool | str = "auto"
     """Run the K replicas as one vmapped model (`BatchedReplicaEngine`). 'auto' (the default,
-    `localsgd.run_plan.use_batched`): on CUDA for K >= 2 replicas in one process, where it
+    `localsgd.training.plan.use_batched`): on CUDA for K >= 2 replicas in one process, where it
     computes what the sequential engine computes (every schedule kind of the paper's grids, float64:
     tests/test_batched_paper_kinds.py) 2.5-3x as fast (H200, figures/gpu/sweep.csv), unless its
     memory estimate does not fit; sequential elsewhere (on a CPU the sequential engine with

@@ -2,10 +2,10 @@
 
 `load_dataset` gives a configuration's data set; `MemoryBatches` (CIFAR held in memory, indexed
 on the device) and `StreamedBatches` (ImageNet's input pipeline over image folders, §4.2.2)
-hand `localsgd.train.train` each worker's mini-batch of the §4.2.1 partition and sum the loss
-and hits of the test set batch by batch (`EvalBatch`; under torchrun each process sums one
-shard and `combine_eval` adds them up in batch order). ``cfg`` is a `localsgd.train_config.TrainConfig`
-(not imported here: the loop imports this module).
+hand `localsgd.training.loop.train` each worker's mini-batch of the §4.2.1 partition and sum the
+loss and hits of the test set batch by batch (`EvalBatch`; under torchrun each process sums one
+shard and `combine_eval` adds them up in batch order). ``cfg`` is a
+`localsgd.training.config.TrainConfig` (not imported here: the loop imports this module).
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ class EvalBatch(NamedTuple):
 class PendingEval(NamedTuple):
     """Evaluation sums still on the device: each batch's start and images, and a ``[batches, 2]``
     tensor of summed cross-entropy and hits (None: no batch). `read` turns them into
-    `EvalBatch` rows; ``localsgd.train`` reads them with the training sums, in one host read."""
+    `EvalBatch` rows; ``localsgd.training.loop`` reads them with the training sums, in one host
+    read."""
 
     starts: list[int]
     images: list[int]

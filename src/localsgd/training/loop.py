@@ -21,7 +21,7 @@ Time: the loop measures compute seconds per step for every worker and records th
 (as if the K workers ran in parallel) plus the number of synchronisation rounds per level;
 `localsgd.timing.cluster.modelled_time` adds modelled communication on a `Cluster`.
 
-Checkpoints (``checkpoint_path``, `localsgd.checkpoint`): written atomically every
+Checkpoints (``checkpoint_path``, `localsgd.training.checkpoint`): written atomically every
 ``checkpoint_every`` epochs and on Ctrl-C, loaded with ``weights_only=True``; a resumed run ends
 bitwise equal to an uninterrupted one on CPU (same config, same seed).
 """
@@ -46,22 +46,22 @@ from tqdm.auto import tqdm
 from localsgd import data as data_mod
 from localsgd import models as models_mod
 from localsgd import numerics
-from localsgd.batch_sources import (
-    MemoryBatches,
-    StreamedBatches,
-    load_dataset,
-)
-from localsgd.checkpoint import load_checkpoint, save_checkpoint
 from localsgd.engines import Engine
 from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.engines.ddp import DDPEngine
 from localsgd.engines.replicas import ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
-from localsgd.run_plan import RunPlan, fit_to_memory, plan_run
 from localsgd.schedule import SyncSchedule
-from localsgd.train_config import TrainConfig
-from localsgd.train_state import Run, Totals
+from localsgd.training.batch_sources import (
+    MemoryBatches,
+    StreamedBatches,
+    load_dataset,
+)
+from localsgd.training.checkpoint import load_checkpoint, save_checkpoint
+from localsgd.training.config import TrainConfig
+from localsgd.training.plan import RunPlan, fit_to_memory, plan_run
+from localsgd.training.state import Run, Totals
 
 __all__ = ["ENGINES", "EngineParts", "RunLimit", "build_engine", "engine_parts", "lr_schedule",
            "train", "update_counts"]
@@ -105,7 +105,7 @@ ENGINES = ("replicas", "ddp")
 class EngineParts(NamedTuple):
     """What an engine of ``cfg`` is built from (`engine_parts`): the model, the schedule, the
     inner optimizer, the outer step, the learning-rate schedule, the seed and the averaging
-    options; `build_engine` hands them to one engine, `localsgd.train_runs` to one run's rows
+    options; `build_engine` hands them to one engine, `localsgd.training.packs` to one run's rows
     of a pack."""
 
     model_fn: Callable[[], nn.Module]
@@ -163,7 +163,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     """The engine for ``cfg``: ``kind="replicas"`` (sequential, batched or packed as ``plan``
     says) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
     (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
-    ``plan``: how this machine runs it (default `localsgd.run_plan.plan_run` of ``cfg`` for
+    ``plan``: how this machine runs it (default `localsgd.training.plan.plan_run` of ``cfg`` for
     ``kind``); its device, engine and host threads are used as they are."""
     if kind not in ENGINES:
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
@@ -220,7 +220,8 @@ def _deferred_interrupt():
 class RunLimit:
     """Cut a run short: at most ``updates`` updates, ``batch`` samples of each worker's batch per
     update, ``eval_images`` test images per evaluation (None: uncut). The reproduction's dry runs
-    of paper configurations (`localsgd.paper.dry_run`) use it to build every run at full size cheaply."""
+    of paper configurations (`localsgd.paper.dry_run`) use it to build every run at full size
+    cheaply."""
 
     updates: int
     batch: int | None = None
@@ -262,11 +263,11 @@ def train(
         on_phases: called once when the loop ends (also by an error or Ctrl-C) with where its
             time went: seconds of ``setup``, ``data``, ``compute``, ``engine``, ``evaluate``
             and the rest of the ``loop`` (they split the host's wall time; on CUDA compute is
-            the host's wait for the device, `localsgd.train_state.Unread.settle`), the
+            the host's wait for the device, `localsgd.training.state.Unread.settle`), the
             device's busy seconds beside them (``device_busy``), plus ``updates`` run,
             ``first_rank``, ``torchrun``, ``model`` and ``world_size`` (the reproduction's
             profiler records them).
-        plan: how this machine runs ``cfg`` (default `localsgd.run_plan.plan_run` for the
+        plan: how this machine runs ``cfg`` (default `localsgd.training.plan.plan_run` for the
             replica engine, or for ``engine``); the torchrun runner passes the plan of its
             placement.
 

@@ -1,8 +1,8 @@
-"""The torchrun runner: `localsgd.train.train` on one process per worker (`DDPEngine`).
+"""The torchrun runner: `localsgd.training.loop.train` on one process per worker (`DDPEngine`).
 
 Launch (one machine; ``localsgd train --engine ddp`` starts this for you)::
 
-    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m localsgd.runner \\
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m localsgd.training.runner \\
         --config run --out runs/demo
 
 Every rank validates the configuration before any
@@ -14,12 +14,13 @@ summary.json.
 ``--compile MODE`` compiles the DDP model (`localsgd.engines.ddp.COMPILE_MODES`);
 ``--compare-eager`` trains eager then compiled from one seed and compares per-step time and loss
 curves. ``--sweep FILE`` trains a list of configurations one after another in one launch (one
-torch start-up for a whole grid: what `localsgd.paper.experiments.timing_validation` runs to check the
-timing model). Checkpoints are per rank (`localsgd.checkpoint.RankCheckpoints`); a resume after
-SIGKILL of every worker is bitwise exact on CPU/gloo.
+torch start-up for a whole grid: what `localsgd.paper.experiments.timing_validation` runs to check
+the timing model). Checkpoints are per rank (`localsgd.training.checkpoint.RankCheckpoints`); a
+resume after SIGKILL of every worker is bitwise exact on CPU/gloo.
 
-The flags, the configuration they resolve to and ``--sweep``'s runs are `localsgd.runner_args`;
-the output folder is `localsgd.runner_outputs`; both modules' names are importable from here.
+The flags, the configuration they resolve to and ``--sweep``'s runs are
+`localsgd.training.runner_args`; the output folder is `localsgd.training.runner_outputs`; both
+modules' names are importable from here.
 """
 
 from __future__ import annotations
@@ -37,13 +38,15 @@ import torch
 import torch.distributed as dist
 
 from localsgd import device as device_rule
-from localsgd.batch_sources import load_dataset
 from localsgd.distributed import init_from_env
 from localsgd.engines.common import clone_tensors
 from localsgd.engines.ddp import DDPEngine
 from localsgd.paths import append_event
-from localsgd.run_plan import plan_run
-from localsgd.runner_args import (
+from localsgd.training.batch_sources import load_dataset
+from localsgd.training.config import TrainConfig
+from localsgd.training.loop import build_engine, train
+from localsgd.training.plan import plan_run
+from localsgd.training.runner_args import (
     SWEEP_OPTIONS,
     add_run_arguments,
     engine_options,
@@ -51,16 +54,14 @@ from localsgd.runner_args import (
     resolve_config,
     sweep_runs,
 )
-from localsgd.runner_outputs import format_summary, write_outputs
-from localsgd.train import build_engine, train
-from localsgd.train_config import TrainConfig
+from localsgd.training.runner_outputs import format_summary, write_outputs
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m localsgd.runner`` under torchrun: one worker of the job."""
-    p = argparse.ArgumentParser(prog="python -m localsgd.runner",
+    """``python -m localsgd.training.runner`` under torchrun: one worker of the job."""
+    p = argparse.ArgumentParser(prog="python -m localsgd.training.runner",
                                 description=__doc__.split("\n")[0])
     add_run_arguments(p)
     p.add_argument("--sweep", type=Path, default=None, metavar="FILE",
@@ -70,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fast-exit", action="store_true",
                    help="end the process with os._exit once every output is written and the "
                    "process group is destroyed, skipping the interpreter's teardown of torch: "
-                   "always so when run as `python -m localsgd.runner`; this flag asks it of "
-                   "main() called from Python")
+                   "always so when run as `python -m localsgd.training.runner`; this flag asks "
+                   "it of main() called from Python")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         print("error: run under torchrun, e.g. `torchrun --standalone --nproc-per-node 4 -m "
-              "localsgd.runner ...`, or use `localsgd train --engine ddp`, which starts torchrun",
+              "localsgd.training.runner ...`, or use `localsgd train --engine ddp`, which "
+              "starts torchrun",
               file=sys.stderr)
         return 2
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

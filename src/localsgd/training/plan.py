@@ -7,9 +7,9 @@ engine spreads its replicas over, the float32 matmul precision and the input lay
 resolves all of them once, before any data is loaded (a bad device fails there), into a frozen
 `RunPlan`; `fit_to_memory` is its one later step, on CUDA once the input shape is known (the
 batched engine's K replicas fall back to the sequential one when only that fits). Engine
-building (`localsgd.train.build_engine`), the loop, resume, run packs and the torchrun runner
-read the plan and decide nothing again; the plan is written into every checkpoint (a resume on
-a machine that would plan another engine stops in one line) and shown in the records through
+building (`localsgd.training.loop.build_engine`), the loop, resume, run packs and the torchrun
+runner read the plan and decide nothing again; the plan is written into every checkpoint (a resume
+on a machine that would plan another engine stops in one line) and shown in the records through
 `RunPlan.applied` (the config with its 'auto' fields as they ran).
 """
 
@@ -26,7 +26,7 @@ from localsgd import memory as memory_mod
 from localsgd import models as models_mod
 from localsgd import numerics
 from localsgd.engines import packed as packing
-from localsgd.train_config import TrainConfig
+from localsgd.training.config import TrainConfig
 
 __all__ = ["ENGINES", "RUNNERS", "RunPlan", "check_replica_memory", "fit_to_memory",
            "plan_run", "use_batched", "use_packed"]
@@ -35,8 +35,8 @@ __all__ = ["ENGINES", "RUNNERS", "RunPlan", "check_replica_memory", "fit_to_memo
 # vmapped and packed into channel groups (`localsgd.engines.packed`), one worker per torchrun
 # process, or an engine the caller built (the plan then only fixes device and numerics)
 ENGINES = ("sequential", "batched", "packed", "ddp", "given")
-# who asks for a plan: `localsgd.train.train` with its replica engine, the torchrun runner, a
-# caller's own engine, or a pack of runs (`localsgd.train_runs`, always the batched engine)
+# who asks for a plan: `localsgd.training.loop.train` with its replica engine, the torchrun runner,
+# a caller's own engine, or a pack of runs (`localsgd.training.packs`, always the batched engine)
 RUNNERS = ("replicas", "ddp", "given", "pack")
 
 

@@ -1,5 +1,5 @@
-"""A run's output folder (`localsgd.runner`, ``localsgd train``): records.csv, timing.csv (one
-row per step x worker, split into compute / waiting / communication by
+"""A run's output folder (`localsgd.training.runner`, ``localsgd train``): records.csv, timing.csv
+(one row per step x worker, split into compute / waiting / communication by
 `localsgd.timing.stragglers.split_waiting`) and summary.json, and the summary's printout."""
 
 from __future__ import annotations
