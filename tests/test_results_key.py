@@ -16,7 +16,7 @@ import pytest
 
 from localsgd.paper.experiments import grid
 from localsgd.training import results_key
-from localsgd.training.config import TrainConfig
+from localsgd.training.config import EXECUTION, RECIPE, TrainConfig
 from localsgd.training.results_key import (
     NOT_IN_KEY,
     RESULTS_VERSION,
@@ -76,8 +76,27 @@ def test_every_field_that_can_change_results_is_in_the_key():
                                                      for k in using[field.name]})
             assert UNUSED_WHEN[field.name][0](unused) and key_of(unused) == key_of(base)
     assert set(NOT_IN_KEY) <= {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(NOT_IN_KEY) <= set(EXECUTION)  # the recipe is always in the key
     assert key_of(base) == {"results_version": RESULTS_VERSION, **hierarchy}
     assert key_of(TrainConfig()) == {"results_version": RESULTS_VERSION}
+
+
+def test_the_recipe_and_its_execution_split_every_field():
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert sorted(RECIPE + EXECUTION) == sorted(names) and not set(RECIPE) & set(EXECUTION)
+    cfg = TrainConfig(world_size=4, local_steps=8, lr=0.2)
+    assert {**cfg.recipe(), **cfg.execution()} == cfg.to_dict()
+    on_gpu = cfg.run_as(device="cuda", precision="tf32", batched=True)
+    assert on_gpu.recipe() == cfg.recipe() and on_gpu.device == "cuda"
+    # a recipe field is refused in one line, naming it
+    with pytest.raises(ValueError, match=r"\['lr'\] is a recipe field") as err:
+        cfg.run_as(device="cuda", lr=0.4)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"\['epochs', 'seed'\] are recipe fields"):
+        cfg.run_as(seed=1, epochs=3.0)
+    # the execution choices that change numbers are in the key, the others are not
+    assert key_of(on_gpu) != key_of(cfg)
+    assert key_of(cfg.run_as(host_threads=2, eval_batch=10)) == key_of(cfg)
 
 
 def test_a_new_field_with_a_default_keeps_old_keys_and_stored_parameters(monkeypatch):

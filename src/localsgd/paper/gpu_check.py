@@ -237,7 +237,7 @@ def loop(device: torch.device, size: Size, notebooks_dir: Path, only: list[str] 
     for notebook, configs in gpu_plan.paper_configs(notebooks_dir, only).items():
         if not configs:
             continue
-        cfg = dataclasses.replace(configs[0], device=str(device))
+        cfg = configs[0].run_as(device=str(device))
         row: dict[str, Any] = {
             "notebook": notebook, "dataset": cfg.dataset, "model": cfg.model,
             "width": cfg.width, "world_size": cfg.world_size, "local_batch": cfg.local_batch,

@@ -1,5 +1,14 @@
 """`TrainConfig`: one training run's configuration (§4.2.1's recipe by default), validated
-when built, and its round trip through plain dicts (YAML configs, checkpoints, cache keys)."""
+when built, and its round trip through plain dicts (YAML configs, checkpoints, cache keys).
+
+Its fields are of two kinds. The **recipe** is the source's experiment: data and model,
+workers, topology and schedule, optimiser and learning-rate schedule, epochs, seed and what is
+recorded; it is the same on every machine. The **execution** (`EXECUTION`) is how a machine
+runs it: engine, device, numerics, threads, evaluation batch; `localsgd.training.plan` resolves
+its 'auto' values. `TrainConfig.run_as` changes the execution and refuses to touch the recipe,
+so one recipe runs unchanged on any engine and device; the results key
+(`localsgd.training.results_key`) is the recipe plus the execution choices that change numbers.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +22,12 @@ from localsgd import numerics
 from localsgd.outer import OuterUpdate
 from localsgd.topology import Topology
 
-__all__ = ["MOMENTUM_SCHEMES", "TrainConfig"]
+__all__ = ["EXECUTION", "MOMENTUM_SCHEMES", "RECIPE", "TrainConfig"]
 
 MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
+# how a machine runs a recipe (the module docstring); every other field is the recipe's
+EXECUTION = ("batched", "packed", "compile_replicas", "device", "dtype", "precision",
+             "deterministic", "memory_format", "host_threads", "loader_workers", "eval_batch")
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class TrainConfig:
     peers_per_step: int = 1
     """SGP peers per gossip round."""
 
-    # -- engine and bookkeeping
+    # -- engine and bookkeeping (the execution, `EXECUTION`, but seed and records_per_epoch)
     batched: bool | str = "auto"
     """Run the K replicas as one vmapped model (`BatchedReplicaEngine`). 'auto' (the default,
     `localsgd.training.plan.use_batched`): on CUDA for K >= 2 replicas in one process, where it
@@ -214,6 +226,25 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def recipe(self) -> dict[str, Any]:
+        """The recipe's fields (`RECIPE`): what the run is, on any machine."""
+        return {name: getattr(self, name) for name in RECIPE}
+
+    def execution(self) -> dict[str, Any]:
+        """The execution's fields (`EXECUTION`): how a machine runs the recipe."""
+        return {name: getattr(self, name) for name in EXECUTION}
+
+    def run_as(self, **execution: Any) -> TrainConfig:
+        """This recipe run another way: only `EXECUTION` fields may change (e.g. ``device``,
+        ``batched``, ``precision``); a recipe field is one ValueError line naming it."""
+        recipe = sorted(set(execution) - set(EXECUTION))
+        if recipe:
+            raise ValueError(f"run_as changes how a recipe runs, not the recipe: {recipe} "
+                             f"{'is a recipe field' if len(recipe) == 1 else 'are recipe fields'}"
+                             f" (execution fields: {', '.join(EXECUTION)}); use "
+                             "dataclasses.replace for another recipe")
+        return dataclasses.replace(self, **execution)
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         """Build from a dict (e.g. a YAML file); an unknown key is an error naming it."""
@@ -229,6 +260,10 @@ class TrainConfig:
                              + f"; valid fields: {sorted(known)}")
         hints = typing.get_type_hints(cls)
         return cls(**{k: _typed(k, v, hints[k]) for k, v in values.items()})
+
+
+# the source's experiment: every field not in EXECUTION, in declaration order
+RECIPE = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name not in EXECUTION)
 
 
 def _typed(name: str, value: Any, hint: Any) -> Any:

@@ -80,8 +80,7 @@ class RunPlan:
 
     def applied(self, cfg: TrainConfig) -> TrainConfig:
         """``cfg`` with its 'auto' fields as this plan runs them (what the records show)."""
-        return dataclasses.replace(cfg, precision=self.precision, batched=self.batched,
-                                   packed=self.packed)
+        return cfg.run_as(precision=self.precision, batched=self.batched, packed=self.packed)
 
     def to_dict(self) -> dict:
         """The plan as JSON (checkpoints' ``ran``, provenance)."""

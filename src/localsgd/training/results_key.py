@@ -1,5 +1,6 @@
 """What a training run's results are keyed by: the `TrainConfig` fields that can change its
-numbers, plus `RESULTS_VERSION`.
+numbers -- its whole recipe and the execution choices that change numbers (device, dtype,
+precision, layout, engine; `localsgd.training.config.EXECUTION`) -- plus `RESULTS_VERSION`.
 
 A kept run (the reproduction's results cache and its committed ``figures/*/runs/``) is found
 by `results_key` and trusted only when `same_run` says its stored parameters describe the run
@@ -31,8 +32,9 @@ __all__ = ["NOT_IN_KEY", "RESULTS_VERSION", "UNUSED_WHEN", "results_key", "same_
 # when); runs kept under another version are then trained again, never served.
 RESULTS_VERSION = 1
 
-# TrainConfig fields that do not change a run's records, each with why. Every other field is
-# in the key (tests/test_results_key.py walks the fields).
+# TrainConfig fields that do not change a run's records, each with why: execution fields only
+# (a recipe field always changes what the run is). Every other field is in the key
+# (tests/test_results_key.py walks the fields).
 NOT_IN_KEY = {
     "eval_batch": "the test set's size per forward pass in evaluation: eval-mode outputs are "
                   "per image and the sums are taken over the same images in order",

@@ -26,7 +26,6 @@ modules' names are importable from here.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -282,7 +281,7 @@ def _prepared_dataset(cfg: TrainConfig):
 
 def _placed(cfg: TrainConfig, placement: device_rule.Placement) -> TrainConfig:
     """``cfg`` on this rank's device (``cuda`` -> ``cuda:LOCAL_RANK``; `localsgd.device`)."""
-    return dataclasses.replace(cfg, device=str(placement.device))
+    return cfg.run_as(device=str(placement.device))
 
 
 def _dynamo_graphs() -> int:
