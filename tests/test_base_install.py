@@ -81,6 +81,11 @@ def _the_command_names_its_extra(checkout, bin_dir, env):
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().count("\n") == 0 and "pip install 'localsgd[paper]'" in r.stderr, \
         r.stderr
+    # the library's own command too: its records are a pandas table
+    r = _run([str(bin_dir / "localsgd"), "train", "--config", "run", "--out",
+              str(checkout / "runs" / "x")], checkout, env)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stdout + r.stderr
+    assert "pip install 'localsgd[paper]'" in r.stderr and not (checkout / "runs").exists()
 
 
 def test_the_readme_library_install_runs_its_examples_without_the_paper_extra(tmp_path):

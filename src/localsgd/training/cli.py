@@ -8,8 +8,8 @@ on each yourself). Both write the same output folder (`localsgd.training.runner_
 resume from ``--out``'s checkpoints under the same rules (`runner_args.prepare_resume`).
 
 The reproduction's ``localsgd`` command (`localsgd.paper.cli`: reproduce, report, bench, plan,
-doctor, gpu-check, campaign) hands ``train`` to `main` here; ``python -m localsgd.training.cli``
-is the same door without the reproduction's extra.
+doctor, gpu-check, campaign) hands ``train`` to `main` here, which imports nothing of the
+reproduction; ``python -m localsgd.training.cli`` is the same door.
 """
 
 from __future__ import annotations
