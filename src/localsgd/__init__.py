@@ -7,7 +7,7 @@ Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), s
 * the algorithms, pure Python: `localsgd.schedule` (over `localsgd.topology`), `localsgd.outer`,
   `localsgd.gossip`, `localsgd.lr`;
 * torch.distributed: `localsgd.averaging` (over `localsgd.collectives`), `localsgd.optim`,
-  `localsgd.distributed`;
+  `localsgd.distributed`; compressed averaging (beyond the sources): `localsgd.compression`;
 * the engines: `localsgd.engines` (replicas, DDP); training: `localsgd.training` (its config,
   plan, loop, checkpoints, packs of runs, results key, the torchrun runner and the one front
   door, ``localsgd train``);

@@ -1,0 +1,129 @@
+"""Compressed averaging (localsgd.compression) against hand-written bounds: each format's error
+per element for tensors of every shape, error feedback's residual, and the average over four
+gloo processes with the codes on the wire (bytes counted, ranks bitwise equal)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from localsgd import compression as cp
+from localsgd.distributed import spawn
+
+SHAPES = {"conv 4-D": (16, 3, 3, 3), "linear 2-D": (10, 70), "batchnorm 1-D": (13,),
+          "scalar": ()}
+# bytes per value, codes only (scales on top: 4 per block)
+WIDTH = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
+
+
+def _bound(fmt: str, x: torch.Tensor, block: int) -> torch.Tensor:
+    """The module docstring's bound on |decode(encode(x)) - x|, per element."""
+    flat = x.reshape(-1).to(torch.float64)
+    if fmt == "fp32":
+        return torch.zeros_like(flat)
+    if fmt == "bf16":
+        return 2.0 ** -8 * flat.abs()
+    pad = torch.zeros(math.ceil(max(1, flat.numel()) / block) * block, dtype=torch.float64)
+    pad[:flat.numel()] = flat
+    top = {"fp16": 2.0 ** 14, "fp8": 448.0, "int8": 127.0, "int4": 7.0}[fmt]
+    s = (pad.view(-1, block).abs().amax(1) / top).repeat_interleave(block)[:flat.numel()]
+    return {"fp16": 2.0 ** -11 * flat.abs() + 2.0 ** -25 * s,
+            "fp8": 2.0 ** -4 * flat.abs() + 2.0 ** -10 * s,
+            "int8": s / 2, "int4": s / 2}[fmt]
+
+
+@pytest.mark.parametrize("fmt", cp.FORMATS)
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_each_format_keeps_its_error_bound_for_every_shape(fmt, shape):
+    g = torch.Generator().manual_seed(0)
+    # magnitudes over six decades, so a block's small values sit beside its largest
+    x = torch.randn(shape, generator=g) * 10.0 ** torch.randint(-4, 2, shape, generator=g)
+    block = 32
+    e = cp.encode(x, fmt, block)
+    out = cp.decode(e)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    err = (out.to(torch.float64) - x.to(torch.float64)).abs().reshape(-1)
+    bound = _bound(fmt, x, block)
+    assert (err <= bound * (1 + 1e-6) + 1e-30).all(), float((err - bound).max())
+    if fmt != "fp32":  # the codes are not the values: something was rounded
+        assert err.max() > 0 or x.numel() == 1
+    blocks = 0 if fmt in ("fp32", "bf16") else math.ceil(max(1, x.numel()) / block)
+    codes = x.numel() if fmt in ("fp32", "bf16") else blocks * block
+    assert e.nbytes == int(codes * WIDTH[fmt]) + 4 * blocks
+
+
+def test_zeros_and_a_zero_block_decode_to_zeros():
+    x = torch.cat([torch.zeros(8), torch.ones(8)])
+    for fmt in cp.FORMATS:
+        out = cp.decode(cp.encode(x, fmt, 8))
+        assert torch.isfinite(out).all() and (out[:8] == 0).all(), fmt
+
+
+def test_bad_format_or_block_is_one_line():
+    with pytest.raises(ValueError, match="format 'int3'; valid: fp32"):
+        cp.encode(torch.ones(4), "int3")
+    with pytest.raises(ValueError, match="block=3: must be an even integer"):
+        cp.encode(torch.ones(4), "int4", 3)
+
+
+def test_error_feedback_sends_what_was_left_out_later():
+    # the same small delta every sync: int4 rounds each alone to nothing (below half a step of
+    # a block whose largest value is 1), so without feedback it is never sent
+    g = torch.Generator().manual_seed(1)
+    delta = torch.full((64,), 0.03)
+    delta[0] = 1.0
+    ef = cp.ErrorFeedback("int4", block=64)
+    sent_ef = torch.zeros(64)
+    sent_plain = torch.zeros(64)
+    exact = torch.zeros(64)
+    steps = 200
+    for _ in range(steps):
+        x = delta + 1e-3 * torch.randn(64, generator=g)
+        exact += x
+        sent_ef += cp.decode(ef.encode("w", x))
+        sent_plain += cp.decode(cp.encode(x, "int4", 64))
+    # with feedback the sum sent trails the sum of the values by the last residual only
+    assert torch.allclose(sent_ef + ef.residuals["w"], exact, atol=1e-4)
+    assert ef.residuals["w"].abs().max() <= 1.0 / 7 / 2 + 0.01  # one int4 half-step (+ noise)
+    # without it the error grows with the syncs: a planted drop of the residual fails the above
+    assert (sent_plain - exact)[1:].abs().max() > 0.5 * steps * 0.03
+
+
+def _average(rank: int, world: int, fmt: str) -> tuple[list[torch.Tensor], int, list]:
+    from localsgd.models import build_model
+
+    torch.manual_seed(rank)  # every rank its own model: an average with something to do
+    model = build_model("resnet20", num_classes=10)
+    params = [p.detach().clone() for p in model.parameters()]
+    before = [p.clone() for p in params]
+    sent = cp.compressed_average(params, fmt)
+    return params, sent, before
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8"])
+def test_the_average_over_four_processes_sends_the_codes(fmt):
+    out = spawn(_average, 4, fmt)
+    n = sum(p.numel() for p in out[0][0])  # ResNet-20: 0.27 M values
+    # every rank ends with bitwise the same average, close to the exact one
+    for params, _, _ in out[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(params, out[0][0], strict=True))
+    exact = [sum(o[2][i].to(torch.float64) for o in out) / 4 for i in range(len(out[0][2]))]
+    err = max(float((a.to(torch.float64) - b).abs().max()) for a, b in zip(out[0][0], exact,
+                                                                          strict=True))
+    largest = max(float(b.abs().max()) for b in exact)
+    if fmt == "fp32":
+        assert err < 1e-6 * max(1.0, largest)
+    else:  # two roundings (each rank's chunk, then the average), half a step each
+        top = max(float(p.abs().max()) for o in out for p in o[2])
+        assert err <= top / 127 + 1e-6
+    # bytes: 2 (P - 1) / P of the encoded vector, as a ring all-reduce sends of fp32's
+    fp32_bytes = 2 * 3 / 4 * 4 * n
+    sent = out[0][1]
+    assert all(o[1] == sent for o in out)
+    ratio = sent / fp32_bytes
+    if fmt == "fp32":
+        assert 1.0 <= ratio < 1.01  # the same bytes (padding to whole blocks aside)
+    else:  # a quarter, plus 4 bytes of scale per 256 codes
+        assert ratio <= (1 + 4 / cp.BLOCK) / 4 + 0.001 and ratio < 0.26
