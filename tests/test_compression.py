@@ -127,3 +127,26 @@ def test_the_average_over_four_processes_sends_the_codes(fmt):
         assert 1.0 <= ratio < 1.01  # the same bytes (padding to whole blocks aside)
     else:  # a quarter, plus 4 bytes of scale per 256 codes
         assert ratio <= (1 + 4 / cp.BLOCK) / 4 + 0.001 and ratio < 0.26
+
+
+def test_the_timing_model_prices_the_codes_it_sends():
+    from localsgd.timing.cluster import Cluster
+    from localsgd.timing.simulate import simulate, wire_ratio
+
+    # its table of bytes is the codec's own, for a long tensor
+    x = torch.randn(256 * 40)
+    for fmt in cp.FORMATS:
+        assert wire_ratio(fmt) == pytest.approx(cp.encode(x, fmt).nbytes / (4 * x.numel())), fmt
+    with pytest.raises(ValueError, match="average_compression='int3'; valid: fp32"):
+        wire_ratio("int3")
+    # model averages shrink, gradient all-reduces do not; a slow link makes int8 faster
+    args = {"workers": 16, "cluster": Cluster(gpus_per_node=4, inter_gbps=1.0), "steps": 64,
+            "model_mb": 45.0}
+    fp32 = simulate(["sync", "local:4"], **args).set_index("scheme")
+    int8 = simulate(["sync", "local:4"], average_compression="int8", **args).set_index("scheme")
+    assert int8.loc["sync", "bytes_mb"] == fp32.loc["sync", "bytes_mb"]
+    assert int8.loc["sync", "seconds"] == fp32.loc["sync", "seconds"]
+    assert int8.loc["local:4", "bytes_mb"] == pytest.approx(
+        fp32.loc["local:4", "bytes_mb"] * wire_ratio("int8"))
+    assert int8.loc["local:4", "seconds"] < fp32.loc["local:4", "seconds"]
+    assert (int8["average_compression"] == "int8").all()

@@ -272,6 +272,10 @@ RUNS = [
         _prints('"summary"')),
     Run(r"^localsgd plan --workers 256 --gpus-per-node 4 --model-mb 45 --step-ms 55 "
         r"\s*--straggler-rate 0\.01 --straggler-s 1$", check=_prints("speed-up")),
+    Run(r"^localsgd plan --workers 64 --gpus-per-node 4 --inter-gbps 1 --top 3$",
+        check=_prints("averages in fp32", "local:8")),
+    Run(r"^localsgd plan --workers 64 --gpus-per-node 4 --inter-gbps 1 --top 3 "
+        r"--compress int8$", check=_prints("averages in int8", "local:8")),
     Run(r"^localsgd train --engine replicas --config run --out runs/one$", RUN_SIZE,
         "256 images, one epoch", _files("runs/one/summary.json")),
 ]

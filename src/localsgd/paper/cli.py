@@ -132,6 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                     "every step (PyTorch's post_local_gradient_allreduce default)")
     pl.add_argument("--no-overlap", action="store_true",
                     help="gradient all-reduce does not overlap backward")
+    pl.add_argument("--compress", default="fp32",
+                    choices=("fp32", "bf16", "fp16", "fp8", "int8", "int4"),
+                    help="format of the model averages on the wire (localsgd.compression; "
+                    "gradients stay fp32): bytes per sync scale by codes plus scales")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--top", type=int, default=15, help="rows to print (0: all)")
     pl.add_argument("--json", action="store_true", help="print the ranking as JSON records")
@@ -165,13 +169,15 @@ def _plan(args: argparse.Namespace) -> int:
                         steps=args.steps, max_period=args.max_period, schemes=args.schemes,
                         jitter=args.jitter, seed=args.seed,
                         intra_host_grad_allreduce=args.host_grad,
-                        grad_overlap=0.0 if args.no_overlap else 1.0)
+                        grad_overlap=0.0 if args.no_overlap else 1.0,
+                        average_compression=args.compress)
     if args.json:
         print(json.dumps(df.to_dict(orient="records"), indent=1))
         return 0
     print(f"{args.workers} workers ({args.gpus_per_node} per node), {args.model_mb:g} MB model, "
           f"{args.step_ms:g} ms/step, stalls {args.straggler_s:g} s at "
-          f"{100 * args.straggler_rate:g} %, {args.inter_gbps:g} Gbit/s between nodes; "
+          f"{100 * args.straggler_rate:g} %, {args.inter_gbps:g} Gbit/s between nodes, "
+          f"averages in {args.compress}; "
           f"{args.steps} simulated steps (localsgd.timing.simulate)")
     print(format_plan(df, args.top or None))
     print("Speed only: a longer period is faster per step but may need more steps to reach "

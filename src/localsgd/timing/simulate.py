@@ -19,7 +19,7 @@ from localsgd.timing.cluster import Cluster
 from localsgd.timing.scheme import Scheme
 from localsgd.timing.stragglers import STRAGGLER_SALT, Stragglers, stall_draws
 
-__all__ = ["check_int_arg", "run_clocks", "simulate"]
+__all__ = ["WIRE_BYTES", "check_int_arg", "run_clocks", "simulate", "wire_ratio"]
 
 # No event queue: every worker has a clock, every step adds its compute (+ stall), and a
 # synchronisation of a group sets the clocks of its members to the group's release time
@@ -142,7 +142,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
              intra_host_grad_allreduce: bool = False, queued_fraction: float = 0.0,
              baseline: bool | str = True, seed: int = 0, runner_stalls: bool = False,
              stalls: np.ndarray | None = None, queue_steps: int = 0,
-             sync_queue_steps: int | None = None) -> pd.DataFrame:
+             sync_queue_steps: int | None = None,
+             average_compression: str = "fp32") -> pd.DataFrame:
     """Predicted wall-clock time of each scheme on one cluster: one tidy row per scheme.
 
     Model (per worker clock, per step; no event queue):
@@ -181,6 +182,11 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     latency + ring bytes ``2(g−1)/g · bytes / bandwidth``, intra-node bandwidth when the group
     fits in a node, inter-node otherwise). ``model_mb`` is in MB (10^6 bytes; the blog's
     ResNet-18 is 45 MB).
+
+    ``average_compression``: the format model averages, gossip messages and the slow-momentum
+    all-gather travel in (`localsgd.compression`: fp32, bf16, fp16, fp8, int8, int4); their
+    bytes scale by `wire_ratio` (codes plus per-block scales), priced as a ring collective of
+    that many bytes. Gradient all-reduces (synchronous SGD, DDP) stay fp32.
 
     ``intra_host_grad_allreduce``: local and hierarchical schemes also all-reduce gradients
     inside each host every step (PyTorch's default ``post_local_gradient_allreduce=True``, blog
@@ -226,6 +232,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
                 and math.isfinite(value) and value >= lo and (hi is None or value <= hi)):
             rng_txt = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
             raise ValueError(f"{name}={value!r}: must be a number {rng_txt}")
+    ratio = wire_ratio(average_compression)
     gpn = cluster.gpus_per_node
     if workers % gpn and workers > gpn:
         raise ValueError(f"workers={workers} is not a whole number of nodes of "
@@ -263,13 +270,17 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     hidden = grad_overlap * backward_fraction * compute_ms / 1e3
     grad_cost = np.maximum(ar - hidden, 0.0)
     grad_cost = np.tile(grad_cost, (len(run), 1))
-    avg_cost = np.tile(ar, (len(run), 1))
+    # model averages travel compressed (average_compression); gradients do not
+    avg_bytes = nbytes * ratio
+    ar_avg = ar if ratio == 1.0 else np.array(
+        [0.0] + [cluster.allreduce_seconds(int(g), avg_bytes, workers) for g in sizes[1:]])
+    avg_cost = np.tile(ar_avg, (len(run), 1))
     inter_bw = (cluster.intra_gbps if workers <= gpn else cluster.inter_gbps) * 1e9 / 8
-    gossip_cost = cluster.latency_s + nbytes / inter_bw
+    gossip_cost = cluster.latency_s + avg_bytes / inter_bw
     # sharded slow-momentum step: each node updates its shard, then an all-gather moves
     # (g-1)/g of the model (half a ring all-reduce's bytes; SlowMo document, "Zero-1 like")
     allgather_cost = (cluster.latency_s * math.ceil(math.log2(max(workers, 2)))
-                      + (workers - 1) / workers * nbytes / inter_bw)
+                      + (workers - 1) / workers * avg_bytes / inter_bw)
     sync_q = queue_steps if sync_queue_steps is None else sync_queue_steps
     depths = [sync_q if sc.kind == "sync" else queue_steps for sc in run]
     queue = (compute, stall, queued_fraction, depths) if max(depths) > 1 else None
@@ -282,10 +293,10 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
         total = float(clock.sum())
         # MB a worker sends: a ring all-reduce among g sends 2(g-1)/g of the model, a
         # gossip round one model, the slow-momentum all-gather (g-1)/g
-        moved = float(sum((2 * (g - 1) / g) * model_mb
+        moved = float(sum((2 * (g - 1) / g) * model_mb * (ratio if key == "avg" else 1.0)
                           for key in ("grad", "avg") for g in plan[key] if g > 1)
-                      + model_mb * ((plan["gossip"] > 0).sum()
-                                    + (workers - 1) / workers * plan["allgather"].sum()))
+                      + model_mb * ratio * ((plan["gossip"] > 0).sum()
+                                            + (workers - 1) / workers * plan["allgather"].sum()))
         rows.append({
             "scheme": scheme.name, "kind": scheme.kind, "workers": workers,
             "gpus_per_node": gpn, "steps": steps, "seconds": seconds,
@@ -318,13 +329,29 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
               "backward_fraction": backward_fraction,
               "intra_host_grad_allreduce": intra_host_grad_allreduce,
               "queued_fraction": queued_fraction, "queue_steps": queue_steps,
-              "sync_queue_steps": sync_q, "seed": seed}
+              "sync_queue_steps": sync_q, "average_compression": average_compression,
+              "seed": seed}
     for k, v in inputs.items():
         df[k] = v
     cols = ["scheme", "kind", "workers", "gpus_per_node", "steps", "seconds", "steps_per_s",
             "step_ms", "speedup", "compute_share", "stall_share", "wait_share", "comm_share",
             "syncs_grad", "syncs_avg", "bytes_mb", *inputs]
     return df[cols]
+
+
+# bytes a value takes on the wire per format (`localsgd.compression`), and whether the format
+# adds a float32 scale per block; kept here (numbers only) so the timing model imports no torch
+WIRE_BYTES = {"fp32": (4.0, False), "bf16": (2.0, False), "fp16": (2.0, True),
+              "fp8": (1.0, True), "int8": (1.0, True), "int4": (0.5, True)}
+
+
+def wire_ratio(fmt: str, block: int = 256) -> float:
+    """Bytes on the wire of ``fmt`` over fp32's, for a long tensor: codes plus a 4-byte scale
+    per ``block`` values where the format scales (`localsgd.compression.Encoded.nbytes`)."""
+    if fmt not in WIRE_BYTES:
+        raise ValueError(f"average_compression={fmt!r}; valid: {', '.join(WIRE_BYTES)}")
+    width, scaled = WIRE_BYTES[fmt]
+    return (width + (4.0 / block if scaled else 0.0)) / 4.0
 
 
 def check_int_arg(name: str, value, minimum: int) -> None:
