@@ -39,6 +39,8 @@ SCENARIOS = {
     "block_gradients": dataclasses.replace(BASE, block_gradient_allreduce=True,
                                            momentum_scheme="global", average_buffers=True),
     "float32": dataclasses.replace(BASE, dtype="float32"),
+    # a state-sync policy beyond the sources: local momentum buffers averaged at every average
+    "momentum_averaged": dataclasses.replace(BASE, average_momentum=True),
     # the same run cut to 4 updates with H = 1 so every float32 mechanism acts before rounding
     # can be amplified: 2 warm-up updates (DDP's gradient all-reduce), a block average (update
     # 3), a global average with the outer block-momentum step (update 4), BatchNorm statistics
@@ -201,6 +203,10 @@ def test_ddp_engine_equals_replica_engine_through_train():
                 else torch.stack([torch.cat([p.reshape(-1) for p in ps]) for ps in early[2][0]]))
         spread = (flat - flat.mean(0)).abs().max().item()
         assert spread > 1e-6 or cfg.block_gradient_allreduce, name
+
+    # averaging the momentum buffers changes the run (both engines did it, or they would differ)
+    moved = _gap(final["momentum_averaged"][1][0][0], final["hierarchical"][1][0][0])
+    assert moved > 1e-6, f"average_momentum left the parameters within {moved:.3g}"
 
     # float32 after 20 updates: the DDP-vs-replicas difference is no larger than what float32
     # rounding did to each engine against its own float64 run (see CHAOS_C)

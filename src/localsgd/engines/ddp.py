@@ -144,6 +144,7 @@ class DDPEngine(ScheduledWorkers):
         lr_schedule: Callable[[int], float] | None = None,
         seed: int = 0,
         average_buffers: bool = False,
+        average_momentum: bool = False,
         device: str | torch.device = "cpu",
         *,
         stragglers: Stragglers | None = None,
@@ -179,6 +180,7 @@ class DDPEngine(ScheduledWorkers):
         self.model = model
         self.comm = _DDPCommunicator(topo, model, average_buffers=average_buffers)
         self.optimizer = optimizer_fn(model.parameters())  # after adoption: sees final tensors
+        self.comm.optimizer, self.comm.average_momentum = self.optimizer, average_momentum
         self.driver = SyncDriver(schedule, self.comm, outer)
         self.generators = [worker_generator(self.seed, self.rank)]
         self._sizes = [lv.group_size for lv in topo.levels]

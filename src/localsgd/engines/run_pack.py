@@ -59,7 +59,8 @@ class RunSlice(ReplicaEngineBase):
         self.comm = ReplicaCommunicator.stacked(
             parts.schedule.topology, pack.comm.flat[self.rows], trainable,
             [b[self.rows] for b in pack.buffers.values() if b.is_floating_point()],
-            self.optimizer, parts.average_buffers, False, parts.peers_per_step)
+            self.optimizer, parts.average_buffers, parts.average_momentum,
+            parts.peers_per_step)
         self.driver = SyncDriver(parts.schedule, self.comm, parts.outer)
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:

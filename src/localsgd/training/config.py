@@ -104,6 +104,10 @@ class TrainConfig:
     """L2 weight decay, not applied to BatchNorm coefficients (§4.1)."""
     average_buffers: bool = False
     """Average BatchNorm running statistics at every sync (False: per worker, §4.1)."""
+    average_momentum: bool = False
+    """Also average the inner optimizer's momentum buffers at every model average (a state-sync
+    policy beyond the sources; False, the paper's: each worker keeps its own local momentum,
+    Algorithm 1)."""
 
     # -- SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel) over local SGD or SGP
     slowmo_frequency: int | None = None
@@ -187,6 +191,9 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be true, false or 'auto'")
         if not isinstance(self.compile_replicas, bool):
             raise ValueError(f"compile_replicas={self.compile_replicas!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
+        if not isinstance(self.average_momentum, bool):
+            raise ValueError(f"average_momentum={self.average_momentum!r}: must be true or "  # noqa: TRY004
+                             "false")
         if not isinstance(self.deterministic, bool):
             raise ValueError(f"deterministic={self.deterministic!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
         if not self.epochs > 0:

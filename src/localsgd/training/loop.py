@@ -116,6 +116,7 @@ class EngineParts(NamedTuple):
     seed: int
     average_buffers: bool
     peers_per_step: int
+    average_momentum: bool = False
 
 
 def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EngineParts:
@@ -155,7 +156,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
                                nesterov=cfg.nesterov and local_m > 0)
 
     return EngineParts(model_fn, schedule, optimizer_fn, outer, lr_schedule(cfg, n_train),
-                       cfg.seed, cfg.average_buffers, cfg.peers_per_step)
+                       cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum)
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
@@ -179,7 +180,8 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     if kind == "ddp":
         return DDPEngine(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
                          lr_schedule=parts.lr_schedule, seed=parts.seed,
-                         average_buffers=parts.average_buffers, device=plan.device,
+                         average_buffers=parts.average_buffers,
+                         average_momentum=parts.average_momentum, device=plan.device,
                          num_classes=num_classes, **options)
     kw = ({"packed": plan.packed, "compile": cfg.compile_replicas} if plan.batched
           else {"threads": max(1, plan.threads)})
@@ -187,6 +189,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     return engine_cls(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
                       lr_schedule=parts.lr_schedule, seed=parts.seed,
                       average_buffers=parts.average_buffers,
+                      average_momentum=parts.average_momentum,
                       peers_per_step=parts.peers_per_step, device=plan.device, **kw)
 
 
