@@ -74,6 +74,17 @@ def test_each_run_of_a_pack_equals_the_run_alone(names, packed):
     assert out[0]["test_loss"].iloc[-1] != out[1]["test_loss"].iloc[-1]
 
 
+def test_a_run_that_averages_its_momentum_does_so_inside_a_pack():
+    # runs of one pack may differ in the state-sync policy; each keeps its own
+    plain, averaged = _configs(K2[:2])
+    averaged = dataclasses.replace(averaged, average_momentum=True)
+    out = train_runs([plain, averaged], dataset=_dataset(), progress=False)
+    for cfg, rec in zip((plain, averaged), out, strict=True):
+        _assert_same(rec, _alone(dataclasses.replace(cfg, batched=True)), f"{cfg.seed}")
+    off = _alone(dataclasses.replace(averaged, batched=True, average_momentum=False))
+    assert out[1]["test_loss"].iloc[-1] != off["test_loss"].iloc[-1]  # the policy acted
+
+
 def test_a_diverging_run_leaves_the_others_unchanged():
     cfgs = _configs(K2[:3])
     wild = dataclasses.replace(cfgs[1], lr=1e8)  # diverges to NaN within an update or two
