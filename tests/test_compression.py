@@ -150,3 +150,93 @@ def test_the_timing_model_prices_the_codes_it_sends():
         fp32.loc["local:4", "bytes_mb"] * wire_ratio("int8"))
     assert int8.loc["local:4", "seconds"] < fp32.loc["local:4", "seconds"]
     assert (int8["average_compression"] == "int8").all()
+
+
+# ---- in training: TrainConfig.average_compression ------------------------------------------
+
+def _tiny(**over):
+    from localsgd.training.config import TrainConfig
+
+    return TrainConfig(**{"dataset": "synthetic", "model": "resnet20", "width": 0.25,
+                          "n_train": 64, "n_test": 16, "local_batch": 8, "local_steps": 2,
+                          "world_size": 4, "block_size": 2, "block_steps": 2, "epochs": 4.0,
+                          "lr": 0.1, "eval_batch": 16, "augment": False, "dtype": "float64",
+                          "batched": False, **over})
+
+
+def _records(cfg, **kw):
+    from localsgd import data
+    from localsgd.training.loop import train
+
+    ds = data.load_image_dataset("synthetic").subset(64, 16, seed=0)
+    rec = train(cfg, dataset=ds, progress=False, **kw)
+    return rec.drop(columns=["compute_seconds", "data_seconds", "wall_seconds"])
+
+
+def test_a_compressed_run_resumes_exactly_and_differs_from_the_exact_one(tmp_path):
+    from localsgd.training.loop import RunLimit
+
+    cfg = _tiny(average_compression="int4")
+    whole = _records(cfg)
+    ckpt = tmp_path / "run.pt"
+    # 8 updates: block averages at 2 and 6, global ones at 4 and 8; cut at 5 (checkpoint at 3)
+    _records(cfg, checkpoint_path=ckpt, checkpoint_every_steps=3, limit=RunLimit(updates=5))
+    rest = _records(cfg, checkpoint_path=ckpt)
+    # the references and residuals are in the checkpoint: the resumed run is the same run
+    assert rest.equals(whole)
+    exact = _records(_tiny())
+    assert not exact.test_loss.equals(whole.test_loss)
+    # error feedback is part of the run (each level's residual is used again at its second
+    # average): without it the run is another one
+    assert not _records(_tiny(average_compression="int4", compression_feedback=False)
+                        ).test_loss.equals(whole.test_loss)
+
+
+def test_the_batched_engine_computes_the_sequential_engine_s_compressed_run():
+    seq = _records(_tiny(average_compression="int8"))
+    vmap = _records(_tiny(average_compression="int8", batched=True, packed=False))
+    cols = [c for c in seq.columns if c not in ("batched", "packed")]
+    for c in cols:
+        a, b = seq[c], vmap[c]
+        if a.dtype.kind == "f":
+            assert ((a - b).abs() <= 1e-9 * (1 + b.abs())).all(), c
+        else:
+            assert a.equals(b), c
+
+
+def test_a_bad_compression_setting_is_one_line():
+    from localsgd.training.config import TrainConfig
+
+    with pytest.raises(ValueError, match="average_compression='int3'; valid: fp32, bf16"):
+        TrainConfig(average_compression="int3")
+    with pytest.raises(ValueError, match="SGP's gossip leaves none of"):
+        TrainConfig(average_compression="int8", gossip=True)
+
+
+def test_misuse_is_one_line_and_fp32_codes_do_not_alias():
+    x = torch.randn(8)
+    out = cp.decode(cp.encode(x, "fp32"))
+    out.add_(1.0)
+    assert not torch.equal(out, x)  # x untouched
+    ef = cp.ErrorFeedback("int8")
+    ef.encode("w", torch.ones(4))
+    with pytest.raises(ValueError, match=r"a value of shape \(5,\) after one of \(4,\)"):
+        ef.encode("w", torch.ones(5))
+
+
+def _alone(rank: int, world: int) -> tuple:
+    x = torch.randn(300, generator=torch.Generator().manual_seed(0))
+    y = x.clone()
+    sent = cp.compressed_average([y], "int8")
+    try:
+        cp.compressed_average([torch.arange(4)], "int8")
+        refused = ""
+    except ValueError as err:
+        refused = str(err)
+    return torch.equal(x, y), sent, cp.compressed_average([], "int8"), refused
+
+
+def test_a_group_of_one_leaves_the_tensors_and_integers_are_refused():
+    same, sent, empty, refused = spawn(_alone, 1)[0]
+    assert same and sent == 0 and empty == 0
+    assert "floating-point tensors only" in refused and "int64" in refused

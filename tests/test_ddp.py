@@ -41,6 +41,8 @@ SCENARIOS = {
     "float32": dataclasses.replace(BASE, dtype="float32"),
     # a state-sync policy beyond the sources: local momentum buffers averaged at every average
     "momentum_averaged": dataclasses.replace(BASE, average_momentum=True),
+    # beyond the sources: every average as int8 codes of the change since the group's last one
+    "int8_averages": dataclasses.replace(BASE, average_compression="int8"),
     # the same run cut to 4 updates with H = 1 so every float32 mechanism acts before rounding
     # can be amplified: 2 warm-up updates (DDP's gradient all-reduce), a block average (update
     # 3), a global average with the outer block-momentum step (update 4), BatchNorm statistics
@@ -207,6 +209,8 @@ def test_ddp_engine_equals_replica_engine_through_train():
     # averaging the momentum buffers changes the run (both engines did it, or they would differ)
     moved = _gap(final["momentum_averaged"][1][0][0], final["hierarchical"][1][0][0])
     assert moved > 1e-6, f"average_momentum left the parameters within {moved:.3g}"
+    moved = _gap(final["int8_averages"][1][0][0], final["hierarchical"][1][0][0])
+    assert moved > 1e-6, f"int8 averages left the parameters within {moved:.3g}"
 
     # float32 after 20 updates: the DDP-vs-replicas difference is no larger than what float32
     # rounding did to each engine against its own float64 run (see CHAOS_C)

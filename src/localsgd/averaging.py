@@ -43,6 +43,7 @@ from localsgd.collectives import (
     float_buffers,
     optimizer_state_tensors,
 )
+from localsgd.compression import Compression, ErrorFeedback, compressed_average
 
 # every public name this module had before its split; the moved ones are re-exported
 __all__ = ["DistributedCommunicator", "FlatAverager", "HierarchicalAverager", "PeriodicAverager",
@@ -291,6 +292,7 @@ class DistributedCommunicator:
         self.ps_weight = 1.0  # push-sum weight w_i of SGP (1 until the first gossip round)
         self._gossip_bufs: list[torch.Tensor] = []
         self._gossiped = False
+        self.compression: Compression | None = None  # set_compression
 
     # -- Communicator ---------------------------------------------------------------------------
 
@@ -308,6 +310,8 @@ class DistributedCommunicator:
             return
         flat = self.flat_params()
         jobs = []
+        if self.compression is not None:
+            self._compressed_mean(level, group)
         if self.average_buffers:
             bufs = float_buffers(self.model)
             jobs.append((self._buffers.prepare(bufs), bufs))
@@ -317,7 +321,9 @@ class DistributedCommunicator:
         works = [all_reduce_mean(b, size, group) for fb, _ in jobs if fb is not None
                  for b in fb.flats]
         # Every rank takes the same branch (gossip rounds are collective), whatever its weight.
-        if not self._gossiped:
+        if self.compression is not None:
+            pass  # the parameters are averaged already, with codes on the wire
+        elif not self._gossiped:
             works.append(all_reduce_mean(flat, size, group))
         else:
             # Push-sum: z = mean(x) / mean(w) with x = z * w (the replica engine's rule).
@@ -387,9 +393,48 @@ class DistributedCommunicator:
 
     # -- resume ----------------------------------------------------------------------------------
 
+    def set_compression(self, compression: Compression) -> None:
+        """Send model averages as `localsgd.compression` codes of this worker's change since its
+        group's last average (before any update: the workers' common start, same seed)."""
+        if self._gossiped:
+            raise ValueError("compressed averages need a common reference; SGP's gossip leaves "
+                             "none")
+        self.compression = compression
+        start = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self._comp_refs = {lv: start.clone() for lv in range(self.topology.num_levels)}
+        self._comp_feedback = {lv: ErrorFeedback(compression.fmt, compression.block)
+                               for lv in range(self.topology.num_levels)}
+
+    def _compressed_mean(self, level: int, group: dist.ProcessGroup) -> None:
+        comp = self.compression
+        ref = self._comp_refs[level]
+        delta = torch.cat([p.detach().reshape(-1) for p in self.params]) - ref
+        compressed_average([delta], comp.fmt, group=group, block=comp.block,
+                           feedback=self._comp_feedback[level] if comp.feedback else None)
+        new = ref + delta
+        self._comp_refs[level] = new
+        offset = 0
+        for p in self.params:
+            p.copy_(new[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+
     def state_dict(self) -> dict:
-        return {"ps_weight": self.ps_weight, "gossiped": self._gossiped}
+        state = {"ps_weight": self.ps_weight, "gossiped": self._gossiped}
+        if self.compression is not None:
+            state["compression"] = {
+                "refs": {lv: r.clone() for lv, r in self._comp_refs.items()},
+                "residuals": {lv: dict(fb.residuals) for lv, fb in self._comp_feedback.items()}}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.ps_weight = float(state["ps_weight"])
         self._gossiped = bool(state.get("gossiped", self.ps_weight != 1.0))
+        if self.compression is not None:
+            saved = state.get("compression")
+            if saved is None:
+                raise ValueError("the checkpoint was written without compressed averaging; "
+                                 "resume with the configuration it was written with")
+            for lv, ref in self._comp_refs.items():
+                ref.copy_(saved["refs"][lv])
+                self._comp_feedback[lv].residuals = {
+                    k: v.to(ref.device) for k, v in saved["residuals"][lv].items()}

@@ -16,7 +16,20 @@ with block scale s (tests/test_compression.py checks each bound):
 
 `ErrorFeedback` adds what the last encode of a tensor left out to its next value (Seide et al.
 2014; Karimireddy et al. 2019, EF-SGD): the sum of what was sent then trails the sum of the
-values by one residual only, instead of by an error that grows with the number of syncs.
+values by one residual only, instead of by an error that grows with the number of syncs. In
+`compressed_average` it covers each rank's own codes; the second encode (of the averaged chunk,
+shared by every rank) has no residual, so its error is not carried over.
+
+A value that is not finite (inf, NaN) turns its whole block into NaN in the scaled formats, and
+after an average on every rank: a diverged worker shows at once. Bounds hold for normal floats
+(bf16's relative bound not for float32 subnormals).
+
+In training (`Compression`, `TrainConfig.average_compression`) what travels is each worker's
+change since its group's last average at that level (the reference, the same on every member:
+the average it then took), as DiLoCo sends outer gradients; the new model is the reference plus
+the averaged change, so a format's error touches the change, not the weights. The replica
+engines compute it in one process (`mean_of_rows`) with the arithmetic of `compressed_average`
+on a process group, so both engines give the same run (tests/test_ddp.py).
 
 `compressed_average` averages tensors over a process group with the codes on the wire, never
 dequantised before a collective: a reduce-scatter as an all-to-all of each rank's encoded
@@ -36,8 +49,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["BLOCK", "FORMATS", "Encoded", "ErrorFeedback", "compressed_average", "decode",
-           "encode"]
+__all__ = ["BLOCK", "FORMATS", "Compression", "Encoded", "ErrorFeedback", "compressed_average",
+           "decode", "encode", "mean_of_rows"]
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 BLOCK = 256  # values per scale: 4 bytes of scale per 256 codes
@@ -81,6 +94,8 @@ def encode(x: torch.Tensor, fmt: str, block: int = BLOCK) -> Encoded:
     n = flat.numel()
     if fmt in ("fp32", "bf16"):
         codes = flat.to(_CAST[fmt]).contiguous()
+        if codes.data_ptr() == x.data_ptr():  # fp32 of fp32: the codes must not alias x
+            codes = codes.clone()
         return Encoded(fmt, codes.view(torch.uint8), None, tuple(x.shape), n, block)
     padded = torch.zeros(max(1, math.ceil(n / block)) * block, dtype=torch.float32,
                          device=flat.device)
@@ -131,10 +146,50 @@ class ErrorFeedback:
     def encode(self, key: Hashable, x: torch.Tensor) -> Encoded:
         value = x.detach().to(torch.float32)
         if key in self.residuals:
+            if self.residuals[key].shape != value.shape:
+                raise ValueError(f"error feedback {key!r}: a value of shape {tuple(value.shape)} "
+                                 f"after one of {tuple(self.residuals[key].shape)}; use one key "
+                                 "per tensor")
             value = value + self.residuals[key]
         e = encode(value, self.fmt, self.block)
         self.residuals[key] = value - decode(e)
         return e
+
+
+@dataclass(frozen=True)
+class Compression:
+    """How a run's model averages travel (the module docstring): ``fmt`` codes of each worker's
+    change since its group's last average, scaled per ``block``, with `ErrorFeedback` per
+    worker and level when ``feedback``."""
+
+    fmt: str
+    block: int = BLOCK
+    feedback: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.fmt, self.block)
+
+
+def _padded(n: int, world: int, block: int) -> int:
+    """Length of a vector of ``n`` values padded to ``world`` chunks of whole blocks."""
+    return world * max(1, math.ceil(n / (world * block))) * block
+
+
+def mean_of_rows(deltas: torch.Tensor, fmt: str, block: int = BLOCK,
+                 feedbacks: Sequence[ErrorFeedback] | None = None) -> torch.Tensor:
+    """The average of the rows of ``deltas`` ([g, n]) as `compressed_average` computes it over g
+    ranks (row k = rank k's values, ``feedbacks[k]`` its error feedback): float32 [n], the same
+    numbers, for engines that hold every worker in one process."""
+    g, n = deltas.shape
+    length = _padded(n, g, block)
+    acc = torch.zeros(length, dtype=torch.float32, device=deltas.device)
+    for k in range(g):  # in rank order, as each rank sums its chunk
+        padded = torch.zeros(length, dtype=torch.float32, device=deltas.device)
+        padded[:n] = deltas[k]
+        e = feedbacks[k].encode("average", padded) if feedbacks else encode(padded, fmt, block)
+        acc += decode(e)
+    acc /= g
+    return decode(encode(acc, fmt, block))[:n]
 
 
 def _split(e: Encoded, parts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -146,24 +201,29 @@ def _split(e: Encoded, parts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def compressed_average(tensors: Sequence[torch.Tensor], fmt: str, *,
                        group: dist.ProcessGroup | None = None, block: int = BLOCK,
-                       feedback: ErrorFeedback | None = None) -> int:
+                       feedback: ErrorFeedback | None = None, key: Hashable = "average") -> int:
     """Replace ``tensors`` (this rank's; the same shapes on every rank) by their average over
     ``group`` with ``fmt`` codes on the wire (the module docstring); returns the bytes this
     rank sent. ``feedback`` (an `ErrorFeedback` of the same format) carries this rank's
-    residual from one call to the next."""
+    residual from one call to the next, under ``key`` (one key per set of tensors). A group of
+    one rank leaves the tensors as they are."""
     _check(fmt, block)
     if feedback is not None and (feedback.fmt, feedback.block) != (fmt, block):
         raise ValueError(f"feedback encodes {feedback.fmt} in blocks of {feedback.block}, the "
                          f"average {fmt} in blocks of {block}")
+    if any(not t.is_floating_point() for t in tensors):
+        raise ValueError("compressed_average averages floating-point tensors only; got "
+                         f"{sorted({str(t.dtype) for t in tensors if not t.is_floating_point()})}")
     world = dist.get_world_size(group)
+    if world == 1 or not tensors:
+        return 0
     flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
     n = flat.numel()
     # whole blocks per rank, so the chunks split the codes and scales alike (fp32 and bf16 too)
-    chunk = max(1, math.ceil(n / (world * block))) * block
-    padded = torch.zeros(world * chunk, dtype=torch.float32)
+    chunk = _padded(n, world, block) // world
+    padded = torch.zeros(world * chunk, dtype=torch.float32, device=flat.device)
     padded[:n] = flat
-    mine = feedback.encode("average", padded) if feedback is not None else encode(
-        padded, fmt, block)
+    mine = feedback.encode(key, padded) if feedback is not None else encode(padded, fmt, block)
     payload, scales = _split(mine, world)
     # 1. reduce-scatter: rank r gets every rank's chunk r, decodes and averages it
     got = torch.empty_like(payload)
@@ -172,7 +232,7 @@ def compressed_average(tensors: Sequence[torch.Tensor], fmt: str, *,
     if scales is not None:
         got_scales = torch.empty_like(scales)
         dist.all_to_all_single(got_scales, scales.contiguous(), group=group)
-    part = torch.zeros(chunk, dtype=torch.float32)
+    part = torch.zeros(chunk, dtype=torch.float32, device=flat.device)
     for r in range(world):  # in rank order: every rank sums alike
         part += decode(Encoded(fmt, got[r], None if got_scales is None else got_scales[r],
                                (chunk,), chunk, block))

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from localsgd import gossip as gossip_mod
+from localsgd.compression import Compression, ErrorFeedback, mean_of_rows
 from localsgd.topology import Topology
 
 __all__ = ["FLAT_ALIGN", "ReplicaCommunicator", "aligned_offsets", "stack_into_flat"]
@@ -197,6 +198,44 @@ class ReplicaCommunicator:
         self._aliases = [(t, t.data_ptr(), label) for t, label in aliases]
         self.ps_weight = torch.ones(self.world_size, dtype=flat.dtype, device=flat.device)
         self.gossiped = False  # ps_weight may differ from 1 (SGP's push-sum weights)
+        self.compression: Compression | None = None  # set_compression
+
+    def set_compression(self, compression: Compression) -> None:
+        """Send model averages as `localsgd.compression` codes of each replica's change since
+        its group's last average (before any update: the replicas' common start)."""
+        if self.gossiped:
+            raise ValueError("compressed averages need a common reference; SGP's gossip leaves "
+                             "none")
+        self.compression = compression
+        start = self.packed()
+        self._comp_refs = {lv: start.clone() for lv in range(self.topology.num_levels)}
+        self._comp_feedback = {lv: [ErrorFeedback(compression.fmt, compression.block)
+                                    for _ in range(self.world_size)]
+                               for lv in range(self.topology.num_levels)}
+
+    def _compressed_mean_(self, level: int, g: int) -> None:
+        """The group mean of `average` with the codes of `localsgd.compression.mean_of_rows`:
+        each group's mean change since its reference, added to the reference."""
+        comp = self.compression
+        ref = self._comp_refs[level]
+        delta = self.packed() - ref
+        new = torch.empty_like(ref)
+        for start in range(0, self.world_size, g):
+            rows = slice(start, start + g)
+            feedbacks = self._comp_feedback[level][rows] if comp.feedback else None
+            mean = mean_of_rows(delta[rows], comp.fmt, comp.block, feedbacks)
+            new[rows] = ref[rows] + mean.to(ref.dtype)
+        self._comp_refs[level] = new
+        offset = 0
+        k = self.world_size
+        for col in self._slots:  # gap-free columns back into the aligned stack
+            width = col[0].numel() // (k if self._stacked else 1)
+            if self._stacked:
+                col[0].copy_(new[:, offset:offset + width].view_as(col[0]))
+            else:
+                for r, p in enumerate(col):
+                    p.copy_(new[r, offset:offset + width].view_as(p))
+            offset += width
 
     # -- Communicator ------------------------------------------------------------------------
 
@@ -232,7 +271,9 @@ class ReplicaCommunicator:
         g = self.topology.levels[level].group_size
         if g == 1:
             return
-        if not self.gossiped:  # a host flag: reading ps_weight would wait for the GPU
+        if self.compression is not None:
+            self._compressed_mean_(level, g)
+        elif not self.gossiped:  # a host flag: reading ps_weight would wait for the GPU
             _group_mean_(self.flat, g)
         else:  # after gossip on an irregular graph: average numerators and weights (push-sum)
             x = self.flat * self.ps_weight[:, None]
@@ -300,8 +341,30 @@ class ReplicaCommunicator:
         return model
 
     def state_dict(self) -> dict:
-        return {"ps_weight": self.ps_weight.clone(), "gossiped": self.gossiped}
+        state = {"ps_weight": self.ps_weight.clone(), "gossiped": self.gossiped}
+        if self.compression is not None:
+            state["compression"] = _compression_state(self._comp_refs, self._comp_feedback)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.ps_weight.copy_(state["ps_weight"])
         self.gossiped = bool(state.get("gossiped", not torch.all(self.ps_weight == 1)))
+        if self.compression is not None:
+            _load_compression_state(state, self._comp_refs, self._comp_feedback)
+
+
+def _compression_state(refs: dict, feedback: dict) -> dict:
+    """References and residuals of compressed averaging, per level (a checkpoint's part)."""
+    return {"refs": {lv: r.clone() for lv, r in refs.items()},
+            "residuals": {lv: [dict(fb.residuals) for fb in fbs] for lv, fbs in feedback.items()}}
+
+
+def _load_compression_state(state: dict, refs: dict, feedback: dict) -> None:
+    saved = state.get("compression")
+    if saved is None:
+        raise ValueError("the checkpoint was written without compressed averaging; resume with "
+                         "the configuration it was written with")
+    for lv, ref in refs.items():
+        ref.copy_(saved["refs"][lv])
+        for fb, residuals in zip(feedback[lv], saved["residuals"][lv], strict=True):
+            fb.residuals = {k: v.to(ref.device) for k, v in residuals.items()}

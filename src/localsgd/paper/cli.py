@@ -20,6 +20,7 @@ from localsgd.paper.notebook import MODES
 from localsgd.paper.report import write_report
 from localsgd.paper.results import repo_root
 from localsgd.timing.plan import format_plan, plan_schedules
+from localsgd.timing.simulate import WIRE_BYTES
 
 # `localsgd bench NAME ...` hands the rest of the command line to NAME's module `main(argv)`.
 BENCHES = {
@@ -132,8 +133,7 @@ def _parser() -> argparse.ArgumentParser:
                     "every step (PyTorch's post_local_gradient_allreduce default)")
     pl.add_argument("--no-overlap", action="store_true",
                     help="gradient all-reduce does not overlap backward")
-    pl.add_argument("--compress", default="fp32",
-                    choices=("fp32", "bf16", "fp16", "fp8", "int8", "int4"),
+    pl.add_argument("--compress", default="fp32", choices=tuple(WIRE_BYTES),
                     help="format of the model averages on the wire (localsgd.compression; "
                     "gradients stay fp32): bytes per sync scale by codes plus scales")
     pl.add_argument("--seed", type=int, default=0)

@@ -137,7 +137,7 @@ class Scheme:
     def from_train_config(cls, cfg, steps_per_epoch: int, name: str = "") -> Scheme:
         """What ``python -m localsgd.training.runner`` runs for a `TrainConfig`: the same
         `SyncSchedule` that `localsgd.training.loop.train` builds (``steps_per_epoch`` = per-worker
-        share of the data // local_batch, as ``train.update_counts`` computes it)."""
+        share of the data // local_batch, as `localsgd.training.loop.update_counts` computes it)."""
         schedule = SyncSchedule(  # mirrors localsgd.training.loop.train's construction
             cfg.topology(),
             warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),

@@ -29,6 +29,8 @@ def read_state(path: str | Path, what: str) -> Any:
     file raising one ValueError line that names ``what`` the file should have been."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:  # missing, unreadable, a folder: not a question of the file's contents
+        raise
     except Exception as err:  # noqa: BLE001 - torch raises many types for garbled files
         first = (str(err).strip().splitlines() or [""])[0]  # torch's messages run to pages
         raise ValueError(f"checkpoint {path} is corrupt or not {what} ({type(err).__name__}: "

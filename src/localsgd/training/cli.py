@@ -23,8 +23,10 @@ from localsgd.training.runner_args import add_run_arguments, prepare_resume, res
 
 __all__ = ["main", "parser"]
 
-# runner flags that need one process per worker (stragglers, a modelled compute time, compile)
-_DDP_ONLY = ("straggler_seconds", "straggler_rate", "straggler_ranks", "compute_ms", "compile")
+# runner flags that need one process per worker (stragglers, a modelled compute time, compile,
+# the process group's backend, the eager comparison, per-rank final models, the phase log)
+_DDP_ONLY = ("straggler_seconds", "straggler_rate", "straggler_ranks", "compute_ms", "compile",
+             "backend", "compare_eager", "save_final", "phases")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,6 +25,8 @@ from localsgd.topology import Topology
 __all__ = ["EXECUTION", "MOMENTUM_SCHEMES", "RECIPE", "TrainConfig"]
 
 MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
+# `localsgd.compression.FORMATS`, named here: the config imports no torch
+COMPRESSION_FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 # how a machine runs a recipe (the module docstring); every other field is the recipe's
 EXECUTION = ("batched", "packed", "compile_replicas", "device", "dtype", "precision",
              "deterministic", "memory_format", "host_threads", "loader_workers", "eval_batch")
@@ -108,6 +110,13 @@ class TrainConfig:
     """Also average the inner optimizer's momentum buffers at every model average (a state-sync
     policy beyond the sources; False, the paper's: each worker keeps its own local momentum,
     Algorithm 1)."""
+    average_compression: str = "fp32"
+    """Format of model averages on the wire (beyond the sources; `localsgd.compression`):
+    'fp32' (exact, the paper's), or 'bf16', 'fp16', 'fp8', 'int8', 'int4' codes of each
+    worker's change since its group's last average, scaled per block of 256. Not with SGP."""
+    compression_feedback: bool = True
+    """With a compressed ``average_compression``: each worker adds what its last codes left out
+    to its next change (error feedback, `localsgd.compression.ErrorFeedback`)."""
 
     # -- SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel) over local SGD or SGP
     slowmo_frequency: int | None = None
@@ -191,6 +200,16 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be true, false or 'auto'")
         if not isinstance(self.compile_replicas, bool):
             raise ValueError(f"compile_replicas={self.compile_replicas!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
+        if self.average_compression not in COMPRESSION_FORMATS:
+            raise ValueError(f"average_compression={self.average_compression!r}; valid: "
+                             f"{', '.join(COMPRESSION_FORMATS)}")
+        if self.average_compression != "fp32" and self.gossip:
+            raise ValueError(f"average_compression={self.average_compression!r} needs a common "
+                             "reference at each average, which SGP's gossip leaves none of: use "
+                             "'fp32' with gossip")
+        if not isinstance(self.compression_feedback, bool):
+            raise ValueError(f"compression_feedback={self.compression_feedback!r}: must be "  # noqa: TRY004
+                             "true or false")
         if not isinstance(self.average_momentum, bool):
             raise ValueError(f"average_momentum={self.average_momentum!r}: must be true or "  # noqa: TRY004
                              "false")

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from localsgd import data as data_mod
 from localsgd import models as models_mod
 from localsgd import numerics
+from localsgd.compression import Compression
 from localsgd.engines import Engine
 from localsgd.engines.batched import BatchedReplicaEngine
 from localsgd.engines.ddp import DDPEngine
@@ -117,6 +118,7 @@ class EngineParts(NamedTuple):
     average_buffers: bool
     peers_per_step: int
     average_momentum: bool = False
+    compression: Compression | None = None  # model averages as codes (None: exact)
 
 
 def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EngineParts:
@@ -156,7 +158,9 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
                                nesterov=cfg.nesterov and local_m > 0)
 
     return EngineParts(model_fn, schedule, optimizer_fn, outer, lr_schedule(cfg, n_train),
-                       cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum)
+                       cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum,
+                       None if cfg.average_compression == "fp32" else Compression(
+                           cfg.average_compression, feedback=cfg.compression_feedback))
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
@@ -178,19 +182,25 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
         plan = dataclasses.replace(plan_run(cfg, kind), threads=cfg.host_threads)
     parts = engine_parts(cfg, n_train, num_classes)
     if kind == "ddp":
-        return DDPEngine(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
+        engine = DDPEngine(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
                          lr_schedule=parts.lr_schedule, seed=parts.seed,
                          average_buffers=parts.average_buffers,
                          average_momentum=parts.average_momentum, device=plan.device,
                          num_classes=num_classes, **options)
+        if parts.compression is not None:
+            engine.comm.set_compression(parts.compression)
+        return engine
     kw = ({"packed": plan.packed, "compile": cfg.compile_replicas} if plan.batched
           else {"threads": max(1, plan.threads)})
     engine_cls = BatchedReplicaEngine if plan.batched else ReplicaEngine
-    return engine_cls(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
-                      lr_schedule=parts.lr_schedule, seed=parts.seed,
-                      average_buffers=parts.average_buffers,
-                      average_momentum=parts.average_momentum,
-                      peers_per_step=parts.peers_per_step, device=plan.device, **kw)
+    engine = engine_cls(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
+                        lr_schedule=parts.lr_schedule, seed=parts.seed,
+                        average_buffers=parts.average_buffers,
+                        average_momentum=parts.average_momentum,
+                        peers_per_step=parts.peers_per_step, device=plan.device, **kw)
+    if parts.compression is not None:
+        engine.comm.set_compression(parts.compression)
+    return engine
 
 
 # ----------------------------------------------------------------------------------------------

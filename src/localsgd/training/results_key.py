@@ -51,6 +51,8 @@ UNUSED_WHEN = {
     "slowmo_lr": (lambda c: c.slowmo_frequency is None, "no SlowMo outer step"),
     "global_momentum": (lambda c: c.momentum_scheme in ("local", "none"),
                         "no global (outer) momentum step"),
+    "compression_feedback": (lambda c: c.average_compression == "fp32",
+                             "exact averages: no codes whose error to feed back"),
 }
 
 

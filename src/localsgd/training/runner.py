@@ -19,8 +19,7 @@ the timing model). Checkpoints are per rank (`localsgd.training.checkpoint.RankC
 resume after SIGKILL of every worker is bitwise exact on CPU/gloo.
 
 The flags, the configuration they resolve to and ``--sweep``'s runs are
-`localsgd.training.runner_args`; the output folder is `localsgd.training.runner_outputs`; both
-modules' names are importable from here.
+`localsgd.training.runner_args`; the output folder is `localsgd.training.runner_outputs` (import their names from there).
 """
 
 from __future__ import annotations

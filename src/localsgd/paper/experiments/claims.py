@@ -190,6 +190,7 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
     underfit against side b (each ordered pair of ``pairs``, default all) when a's mean final
     training accuracy is below b's mean final test accuracy."""
     problems = []
+    given = list(sides)
     # a side with no finite accuracy is judged by the verdict (not measurable), not here
     sides = {name: rows for name, rows in sides.items()
              if "test_acc" in rows and rows["test_acc"].astype(float).notna().any()}
@@ -202,6 +203,10 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
                             f"last tenth (> {bound:g}, {ours(REGIME_WHY)})")
     names = list(sides)
     for a, b in pairs if pairs is not None else [(a, b) for a in names for b in names if a != b]:
+        unknown = {a, b} - set(given)
+        if unknown:
+            raise ValueError(f"regime: pairs name {sorted(unknown)}, not among the sides "
+                             f"{sorted(given)}")
         if a not in sides or b not in sides:  # a side without accuracy: the verdict says so
             continue
         train = float(sides[a]["train_acc"].mean())
