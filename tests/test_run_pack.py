@@ -85,6 +85,16 @@ def test_a_run_that_averages_its_momentum_does_so_inside_a_pack():
     assert out[1]["test_loss"].iloc[-1] != off["test_loss"].iloc[-1]  # the policy acted
 
 
+def test_a_run_with_compressed_averages_keeps_them_inside_a_pack():
+    exact, coded = _configs(K4[:2])  # hierarchical: a reference per level
+    coded = dataclasses.replace(coded, average_compression="int8")
+    out = train_runs([exact, coded], dataset=_dataset(), progress=False)
+    for cfg, rec in zip((exact, coded), out, strict=True):
+        _assert_same(rec, _alone(dataclasses.replace(cfg, batched=True)), f"{cfg.seed}")
+    off = _alone(dataclasses.replace(coded, batched=True, average_compression="fp32"))
+    assert out[1]["test_loss"].iloc[-1] != off["test_loss"].iloc[-1]  # the codes acted
+
+
 def test_a_diverging_run_leaves_the_others_unchanged():
     cfgs = _configs(K2[:3])
     wild = dataclasses.replace(cfgs[1], lr=1e8)  # diverges to NaN within an update or two
