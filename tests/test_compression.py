@@ -54,6 +54,13 @@ def test_each_format_keeps_its_error_bound_for_every_shape(fmt, shape):
     assert e.nbytes == int(codes * WIDTH[fmt]) + 4 * blocks
 
 
+@pytest.mark.parametrize("fmt", cp.FORMATS)
+def test_wire_bytes_is_what_the_codes_take(fmt):
+    for n, world in ((1000, 4), (7, 2), (256 * 8, 8)):
+        length = cp._padded(n, world, cp.BLOCK)
+        assert cp.wire_bytes(n, fmt, world) == cp.encode(torch.zeros(length), fmt).nbytes
+
+
 def test_zeros_and_a_zero_block_decode_to_zeros():
     x = torch.cat([torch.zeros(8), torch.ones(8)])
     for fmt in cp.FORMATS:
@@ -240,3 +247,34 @@ def test_a_group_of_one_leaves_the_tensors_and_integers_are_refused():
     same, sent, empty, refused = spawn(_alone, 1)[0]
     assert same and sent == 0 and empty == 0
     assert "floating-point tensors only" in refused and "int64" in refused
+
+
+def test_the_runner_records_the_bytes_of_the_codes(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump({
+        "dataset": "synthetic", "model": "resnet20", "width": 0.25, "n_train": 64, "n_test": 16,
+        "local_batch": 8, "local_steps": 2, "epochs": 1.0, "eval_batch": 16, "augment": False,
+        "world_size": 2}))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(yaml.safe_dump([{"name": "fp32"},
+                                     {"name": "int8", "average_compression": "int8"}]))
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    r = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m",
+                        "localsgd.training.runner", "--no-progress", "--config", str(base),
+                        "--sweep", str(sweep), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=300, check=False,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    fp32, int8 = (json.loads((tmp_path / "out" / n / "summary.json").read_text())
+                  for n in ("fp32", "int8"))
+    assert fp32["bytes_l0"] > 0
+    ratio = int8["bytes_l0"] / fp32["bytes_l0"]
+    assert abs(ratio - (1 + 4 / cp.BLOCK) / 4) < 0.01, ratio  # a quarter, plus the scales

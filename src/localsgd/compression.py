@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["BLOCK", "FORMATS", "Compression", "Encoded", "ErrorFeedback", "compressed_average",
-           "decode", "encode", "mean_of_rows"]
+           "decode", "encode", "mean_of_rows", "wire_bytes"]
 
 FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 BLOCK = 256  # values per scale: 4 bytes of scale per 256 codes
@@ -173,6 +173,16 @@ class Compression:
 def _padded(n: int, world: int, block: int) -> int:
     """Length of a vector of ``n`` values padded to ``world`` chunks of whole blocks."""
     return world * max(1, math.ceil(n / (world * block))) * block
+
+
+def wire_bytes(n: int, fmt: str, world: int, block: int = BLOCK) -> int:
+    """Bytes of the codes (and scales) of ``n`` values as `compressed_average` encodes them for
+    ``world`` ranks: the vector padded to whole blocks per rank (`Encoded.nbytes`)."""
+    _check(fmt, block)
+    length = _padded(n, world, block)
+    width = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}.get(fmt)
+    codes = length // 2 if fmt == "int4" else length * width
+    return codes + (0 if fmt in ("fp32", "bf16") else 4 * (length // block))
 
 
 def mean_of_rows(deltas: torch.Tensor, fmt: str, block: int = BLOCK,

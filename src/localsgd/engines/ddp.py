@@ -48,6 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 # must average exactly as the averagers do.
 from localsgd.averaging import DistributedCommunicator, all_reduce_mean
 from localsgd.collectives import float_buffers
+from localsgd.compression import wire_bytes
 from localsgd.engines.common import (
     Batch,
     Deferred,
@@ -248,6 +249,16 @@ class DDPEngine(ScheduledWorkers):
         """The one worker this process runs."""
         return [self.rank]
 
+    def _average_bytes(self, level: int) -> int:
+        """Bytes of one average at ``level``: the parameters (as codes when the averages are
+        compressed, `localsgd.compression.wire_bytes`) and any averaged buffers."""
+        comp = self.comm.compression
+        if comp is None:
+            return self._avg_bytes
+        n = sum(p.numel() for p in self.comm.params)
+        return self._avg_bytes - self.param_bytes + wire_bytes(n, comp.fmt, self._sizes[level],
+                                                                comp.block)
+
     @property
     def param_bytes(self) -> int:
         """Bytes of one worker's parameters: what one model average moves."""
@@ -326,7 +337,7 @@ class DDPEngine(ScheduledWorkers):
             "clock": "events" if gpu else "host", "grad_dur_s": None, "avg_dur_s": None,
             "avg_level": level, "avg_arrive": opt_end if synced else None,
             "avg_end": end if synced else None,
-            "avg_bytes": self._avg_bytes if level is not None else 0,
+            "avg_bytes": self._average_bytes(level) if level is not None else 0,
             "outer": bool(action.outer),
         }
         self._timeline.append(row)
