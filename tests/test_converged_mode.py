@@ -93,7 +93,7 @@ def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
     assert "## Claims tested by the converged proxy (converged mode)" in text
     table = report.results_table(REPO / "papers", figures)
     table5 = table[table["claim"].str.contains("Table 5:")]
-    assert list(table5["scale"]) == ["reduced", report.CONVERGED_LABEL]
+    assert list(table5["scale"]) == ["quick", report.CONVERGED_LABEL]
     # the main tables never see the converged rows
     assert (report.load_ours(figures)["mode"] != "converged").all()
 
