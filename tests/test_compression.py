@@ -218,6 +218,8 @@ def test_a_bad_compression_setting_is_one_line():
         TrainConfig(average_compression="int3")
     with pytest.raises(ValueError, match="SGP's gossip leaves none of"):
         TrainConfig(average_compression="int8", gossip=True)
+    with pytest.raises(ValueError, match="broadcast_buffers and average_buffers both"):
+        TrainConfig(broadcast_buffers=True, average_buffers=True)
 
 
 def test_misuse_is_one_line_and_fp32_codes_do_not_alias():

@@ -41,6 +41,8 @@ SCENARIOS = {
     "float32": dataclasses.replace(BASE, dtype="float32"),
     # a state-sync policy beyond the sources: local momentum buffers averaged at every average
     "momentum_averaged": dataclasses.replace(BASE, average_momentum=True),
+    # beyond the sources: each group takes its first worker's BatchNorm statistics at a sync
+    "buffers_broadcast": dataclasses.replace(BASE, broadcast_buffers=True),
     # beyond the sources: every average as int8 codes of the change since the group's last one
     "int8_averages": dataclasses.replace(BASE, average_compression="int8"),
     # the same run cut to 4 updates with H = 1 so every float32 mechanism acts before rounding
@@ -209,6 +211,12 @@ def test_ddp_engine_equals_replica_engine_through_train():
     # averaging the momentum buffers changes the run (both engines did it, or they would differ)
     moved = _gap(final["momentum_averaged"][1][0][0], final["hierarchical"][1][0][0])
     assert moved > 1e-6, f"average_momentum left the parameters within {moved:.3g}"
+    # broadcast buffers: after the last sync (a block average, update 20: the schedule counts
+    # from the end of the warm-up) each block's second worker holds its first's statistics;
+    # kept per worker, they differ
+    for name, same in (("buffers_broadcast", True), ("hierarchical", False)):
+        gaps = [_gap(final[name][1][k + 1][1], final[name][1][k][1]) for k in (0, 2)]
+        assert (max(gaps) == 0.0) == same, f"{name}: buffer gaps within blocks {gaps}"
     moved = _gap(final["int8_averages"][1][0][0], final["hierarchical"][1][0][0])
     assert moved > 1e-6, f"int8 averages left the parameters within {moved:.3g}"
 

@@ -293,6 +293,7 @@ class DistributedCommunicator:
         self._gossip_bufs: list[torch.Tensor] = []
         self._gossiped = False
         self.compression: Compression | None = None  # set_compression
+        self.broadcast_buffers = False  # at a sync, the group's first rank's float buffers
 
     # -- Communicator ---------------------------------------------------------------------------
 
@@ -330,6 +331,10 @@ class DistributedCommunicator:
             flat.mul_(self.ps_weight)
             w = torch.tensor([self.ps_weight], dtype=flat.dtype, device=flat.device)
             works += [all_reduce_mean(flat, size, group), all_reduce_mean(w, size, group)]
+        if self.broadcast_buffers and not self.average_buffers:
+            first = dist.get_process_group_ranks(group)[0] if group is not None else 0
+            works += [dist.broadcast(b, src=first, group=group, async_op=True)
+                      for b in float_buffers(self.model)]
         for work in works:
             work.wait()
         if self._gossiped:

@@ -34,6 +34,12 @@ def _group_mean_(stack: torch.Tensor, group_size: int) -> None:
         stack.copy_(v.mean(dim=1, keepdim=True).expand_as(v).reshape(stack.shape))
 
 
+def _group_first_(stack: torch.Tensor, group_size: int) -> None:
+    """Replace every row of stack [K, ...] by the first row of its contiguous group, in place."""
+    v = stack.view(stack.shape[0] // group_size, group_size, -1)
+    v.copy_(v[:, :1].expand_as(v))
+
+
 def _mean_rows_(rows: torch.Tensor | Sequence[torch.Tensor], group_size: int) -> None:
     """Group mean over K replicas given as one [K, ...] tensor or as K separate tensors."""
     if torch.is_tensor(rows):
@@ -199,6 +205,7 @@ class ReplicaCommunicator:
         self.ps_weight = torch.ones(self.world_size, dtype=flat.dtype, device=flat.device)
         self.gossiped = False  # ps_weight may differ from 1 (SGP's push-sum weights)
         self.compression: Compression | None = None  # set_compression
+        self.broadcast_buffers = False  # at a sync, every row takes its group's first row's
 
     def set_compression(self, compression: Compression) -> None:
         """Send model averages as `localsgd.compression` codes of each replica's change since
@@ -285,6 +292,9 @@ class ReplicaCommunicator:
         if self.average_buffers:
             for stack in self.buffer_stacks:
                 _group_mean_(stack, g)
+        elif self.broadcast_buffers:
+            for stack in self.buffer_stacks:
+                _group_first_(stack, g)
         if self.average_momentum:
             self._average_optimizer_state(g)
 

@@ -106,6 +106,10 @@ class TrainConfig:
     """L2 weight decay, not applied to BatchNorm coefficients (§4.1)."""
     average_buffers: bool = False
     """Average BatchNorm running statistics at every sync (False: per worker, §4.1)."""
+    broadcast_buffers: bool = False
+    """At every sync each worker takes the BatchNorm running statistics of its group's first
+    worker (a state-sync policy beyond the sources, like DDP's ``broadcast_buffers``; False: per
+    worker, §4.1). Not with ``average_buffers``."""
     average_momentum: bool = False
     """Also average the inner optimizer's momentum buffers at every model average (a state-sync
     policy beyond the sources; False, the paper's: each worker keeps its own local momentum,
@@ -200,6 +204,12 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r}: must be true, false or 'auto'")
         if not isinstance(self.compile_replicas, bool):
             raise ValueError(f"compile_replicas={self.compile_replicas!r}: must be true or false")  # noqa: TRY004 -- config errors are ValueErrors
+        if not isinstance(self.broadcast_buffers, bool):
+            raise ValueError(f"broadcast_buffers={self.broadcast_buffers!r}: must be true or "  # noqa: TRY004
+                             "false")
+        if self.broadcast_buffers and self.average_buffers:
+            raise ValueError("broadcast_buffers and average_buffers both set the BatchNorm "
+                             "statistics at a sync: choose one")
         if self.average_compression not in COMPRESSION_FORMATS:
             raise ValueError(f"average_compression={self.average_compression!r}; valid: "
                              f"{', '.join(COMPRESSION_FORMATS)}")

@@ -119,6 +119,14 @@ class EngineParts(NamedTuple):
     peers_per_step: int
     average_momentum: bool = False
     compression: Compression | None = None  # model averages as codes (None: exact)
+    broadcast_buffers: bool = False
+
+    def apply_state_sync(self, comm: Any) -> None:
+        """Set on ``comm`` (an engine's communicator) what a sync does beyond the parameters'
+        average that its constructor does not take: compressed codes, broadcast buffers."""
+        if self.compression is not None:
+            comm.set_compression(self.compression)
+        comm.broadcast_buffers = self.broadcast_buffers
 
 
 def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EngineParts:
@@ -160,7 +168,8 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
     return EngineParts(model_fn, schedule, optimizer_fn, outer, lr_schedule(cfg, n_train),
                        cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum,
                        None if cfg.average_compression == "fp32" else Compression(
-                           cfg.average_compression, feedback=cfg.compression_feedback))
+                           cfg.average_compression, feedback=cfg.compression_feedback),
+                       cfg.broadcast_buffers)
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
@@ -187,8 +196,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          average_buffers=parts.average_buffers,
                          average_momentum=parts.average_momentum, device=plan.device,
                          num_classes=num_classes, **options)
-        if parts.compression is not None:
-            engine.comm.set_compression(parts.compression)
+        parts.apply_state_sync(engine.comm)
         return engine
     kw = ({"packed": plan.packed, "compile": cfg.compile_replicas} if plan.batched
           else {"threads": max(1, plan.threads)})
@@ -198,8 +206,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                         average_buffers=parts.average_buffers,
                         average_momentum=parts.average_momentum,
                         peers_per_step=parts.peers_per_step, device=plan.device, **kw)
-    if parts.compression is not None:
-        engine.comm.set_compression(parts.compression)
+    parts.apply_state_sync(engine.comm)
     return engine
 
 

@@ -50,7 +50,8 @@ PER_RUN = frozenset({
     "seed", "local_steps", "block_size", "block_steps", "post_local_warmup_epochs",
     "local_step_warmup_epochs", "block_gradient_allreduce", "lr", "scale_lr", "base_batch",
     "warmup_epochs", "decay_fractions", "momentum", "momentum_scheme", "global_momentum",
-    "nesterov", "weight_decay", "average_buffers", "average_momentum", "average_compression",
+    "nesterov", "weight_decay", "average_buffers", "broadcast_buffers", "average_momentum",
+    "average_compression",
     "compression_feedback", "slowmo_frequency", "slowmo_momentum",
     "slowmo_lr", "gossip", "peers_per_step",
     # how a run is computed, not what: the pack decides (batched, packed on CUDA)
