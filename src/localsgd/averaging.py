@@ -45,7 +45,7 @@ from localsgd.collectives import (
 )
 from localsgd.compression import Compression, ErrorFeedback, compressed_average
 
-# every public name this module had before its split; the moved ones are re-exported
+# the public names defined here (the flat buffers and groups: localsgd.collectives)
 __all__ = ["DistributedCommunicator", "FlatAverager", "HierarchicalAverager", "PeriodicAverager",
            "TorchHierarchy", "all_reduce_mean", "average_parameters"]
 
