@@ -323,12 +323,12 @@ def test_relative_links_resolve():
 
 
 def test_readme_gpu_plan_is_current():
-    # the README's GPU section shows `localsgd reproduce --mode paper --plan`: regenerate it with
+    # docs/gpu.md shows `localsgd reproduce --mode paper --plan`: regenerate it with
     # gpu_plan.readme_block when a paper configuration changes
     from localsgd.paper import gpu_plan
 
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "gpu.md").read_text()
     block = gpu_plan.readme_block(ROOT / "notebooks")
-    assert block in text, ("README's paper-mode plan is stale: replace the text between "
+    assert block in text, ("docs/gpu.md's paper-mode plan is stale: replace the text between "
                            f"{gpu_plan.README_BEGIN} and {gpu_plan.README_END} by "
                            "localsgd.paper.gpu_plan.readme_block('notebooks')")

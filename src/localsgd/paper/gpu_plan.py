@@ -383,7 +383,7 @@ README_BEGIN, README_END = "<!-- plan:begin -->", "<!-- plan:end -->"
 
 
 def readme_block(notebooks_dir: str | Path, gpu: str = DEFAULT_GPU) -> str:
-    """What the README's GPU section shows between its plan markers: the command and the plan
+    """What docs/gpu.md shows between its plan markers: the command and the plan
     of every notebook's paper mode (tests/test_readme.py checks it is current)."""
     full = plan(paper_items(notebooks_dir), gpu).format().splitlines()
     # the notebooks that train (the others cost nothing), the total; the throughput sources and
