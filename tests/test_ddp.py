@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from localsgd import data
+from localsgd.compression import wire_bytes
 from localsgd.distributed import spawn
 from localsgd.training.config import TrainConfig
 from localsgd.training.loop import build_engine, train
@@ -45,6 +46,14 @@ SCENARIOS = {
     "buffers_broadcast": dataclasses.replace(BASE, broadcast_buffers=True),
     # beyond the sources: every average as int8 codes of the change since the group's last one
     "int8_averages": dataclasses.replace(BASE, average_compression="int8"),
+    # beyond the sources: streaming fragment sync (3 fragments of a flat topology, each
+    # merged 2 updates after its launch, half the local fragment kept; per-fragment block
+    # momentum), exact and as int8 codes with error feedback
+    "streaming": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,
+                                     fragments=3, overlap_steps=2, fragment_mixing=0.5),
+    "streaming_int8": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,
+                                          fragments=2, overlap_steps=1,
+                                          average_compression="int8"),
     # the same run cut to 4 updates with H = 1 so every float32 mechanism acts before rounding
     # can be amplified: 2 warm-up updates (DDP's gradient all-reduce), a block average (update
     # 3), a global average with the outer block-momentum step (update 4), BatchNorm statistics
@@ -143,7 +152,10 @@ def _ddp_worker(rank: int, world: int) -> dict:
                      "buffers": [b.clone() for b in engine.model.buffers()
                                  if b.is_floating_point()],
                      "early": early, "records": rec,
-                     "grad_steps": sum(r["grad_level"] is not None for r in engine.timeline)}
+                     "grad_steps": sum(r["grad_level"] is not None for r in engine.timeline),
+                     "fragments": [(r["step"], r["fragment"], r["fragment_bytes"], r["merge"])
+                                   for r in engine.timeline
+                                   if r["fragment"] is not None or r["merge"] is not None]}
     return out
 
 
@@ -219,6 +231,22 @@ def test_ddp_engine_equals_replica_engine_through_train():
         assert (max(gaps) == 0.0) == same, f"{name}: buffer gaps within blocks {gaps}"
     moved = _gap(final["int8_averages"][1][0][0], final["hierarchical"][1][0][0])
     assert moved > 1e-6, f"int8 averages left the parameters within {moved:.3g}"
+    # streaming: DDP launched and merged what the schedule says, each launch's bytes those of
+    # its fragment (float64 values, or int8 codes with their scales: about 1/7 of their bytes)
+    for name in ("streaming", "streaming_int8"):
+        engine = replicas[name][1]
+        bounds = engine.driver.streaming.bounds
+        sizes = [engine.comm.read_tensors(*b).shape[1] for b in bounds]
+        plan = [(a.t, a.fragment, a.merge) for a in map(engine.schedule.action,
+                                                       range(1, STEPS + 1))
+                if a.fragment is not None or a.merge is not None]
+        rows = results[0][name]["fragments"]
+        assert [(t, f, m) for t, f, _, m in rows] == plan, name
+        for _, f, nbytes, _ in rows:
+            if f is not None and name == "streaming":
+                assert nbytes == 8 * sizes[f]
+            elif f is not None:  # codes padded to whole blocks per rank, 4 bytes of scale each
+                assert nbytes == wire_bytes(sizes[f], "int8", K) <= 0.15 * 8 * sizes[f]
 
     # float32 after 20 updates: the DDP-vs-replicas difference is no larger than what float32
     # rounding did to each engine against its own float64 run (see CHAOS_C)

@@ -55,16 +55,21 @@ def _other(field: dataclasses.Field, cfg: TrainConfig):
     return OTHER_STRING[field.name]
 
 
+FLAT = {"block_size": None, "block_steps": 1}
+
+
 def test_every_field_that_can_change_results_is_in_the_key():
     hierarchy = {"world_size": 4, "block_size": 2, "local_steps": 2, "block_steps": 2}
     base = TrainConfig(**hierarchy)
     # bases where the fields UNUSED_WHEN names are used
     using = {"global_momentum": {"momentum_scheme": "hybrid"},
              "slowmo_momentum": {"slowmo_frequency": 4}, "slowmo_lr": {"slowmo_frequency": 4},
-             "compression_feedback": {"average_compression": "int8"}}
+             "compression_feedback": {"average_compression": "int8"},
+             "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}
     assert set(using) == set(UNUSED_WHEN)
+    needs = {"fragments": FLAT}  # streaming fragments run on a flat topology only
     for field in dataclasses.fields(TrainConfig):
-        here = dataclasses.replace(base, **using.get(field.name, {}))
+        here = dataclasses.replace(base, **using.get(field.name, needs.get(field.name, {})))
         changed = dataclasses.replace(here, **{field.name: _other(field, here)})
         if field.name in NOT_IN_KEY:
             assert len(NOT_IN_KEY[field.name]) > 20, f"{field.name}: say why it is left out"

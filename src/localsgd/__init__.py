@@ -7,7 +7,8 @@ Topology, SyncSchedule, TrainConfig``); each is loaded on first use (PEP 562), s
 * the algorithms, pure Python: `localsgd.schedule` (over `localsgd.topology`), `localsgd.outer`,
   `localsgd.gossip`, `localsgd.lr`;
 * torch.distributed: `localsgd.averaging` (over `localsgd.collectives`), `localsgd.optim`,
-  `localsgd.distributed`; compressed averaging (beyond the sources): `localsgd.compression`;
+  `localsgd.distributed`; beyond the sources: compressed averaging (`localsgd.compression`) and
+  streaming fragment sync (`localsgd.streaming`, planned by `localsgd.schedule.Streaming`);
 * the engines: `localsgd.engines` (replicas, DDP); training: `localsgd.training` (its config,
   plan, loop, checkpoints, packs of runs, results key, the torchrun runner and the one front
   door, ``localsgd train``);
@@ -35,6 +36,7 @@ _EXPORTS = {
     "Level": "localsgd.topology",
     "SyncDriver": "localsgd.schedule",
     "SyncSchedule": "localsgd.schedule",
+    "Streaming": "localsgd.schedule",
     "Topology": "localsgd.topology",
     "OuterUpdate": "localsgd.outer",
     "LRSchedule": "localsgd.lr",
@@ -76,6 +78,7 @@ __all__ = [  # the keys of _EXPORTS (tests/test_imports.py checks both)
     "ReplicaEngine",
     "Scheme",
     "Stragglers",
+    "Streaming",
     "SyncDriver",
     "SyncSchedule",
     "Topology",

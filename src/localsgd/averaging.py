@@ -396,6 +396,41 @@ class DistributedCommunicator:
         self._gossiped = True
         torch.div(total[:n], total[n], out=flat)
 
+    # -- what streaming fragment sync reads and writes (`localsgd.streaming`) --------------------
+
+    def param_numels(self) -> list[int]:
+        """Sizes of this worker's trainable tensors, in parameter order."""
+        return [p.numel() for p in self.params]
+
+    def read_tensors(self, j0: int, j1: int) -> torch.Tensor:
+        """Trainable tensors ``j0 .. j1 - 1`` of this worker: a view of the flat buffer."""
+        start = sum(p.numel() for p in self.params[:j0])
+        return self.flat_params()[start:start + sum(p.numel() for p in self.params[j0:j1])]
+
+    @torch.no_grad()
+    def write_tensors(self, j0: int, j1: int, values: torch.Tensor) -> None:
+        self.read_tensors(j0, j1).copy_(values)
+
+    def start_mean(self, delta: torch.Tensor, key: object):
+        """Start averaging ``delta`` over all workers in place; returns a function that waits
+        for it and gives it. Exact averages are an asynchronous all-reduce that travels while
+        this worker computes; compressed ones (`localsgd.compression.compressed_average`, error
+        feedback under ``key``) are exchanged now."""
+        group = self.groups[self.topology.top]
+        if self.compression is None:
+            work = all_reduce_mean(delta, self.world_size, group)
+
+            def wait() -> torch.Tensor:
+                work.wait()
+                return delta
+
+            return wait
+        comp = self.compression
+        compressed_average([delta], comp.fmt, group=group, block=comp.block, key=key,
+                           feedback=self._comp_feedback[self.topology.top] if comp.feedback
+                           else None)
+        return lambda: delta
+
     # -- resume ----------------------------------------------------------------------------------
 
     def set_compression(self, compression: Compression) -> None:

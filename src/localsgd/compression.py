@@ -186,17 +186,18 @@ def wire_bytes(n: int, fmt: str, world: int, block: int = BLOCK) -> int:
 
 
 def mean_of_rows(deltas: torch.Tensor, fmt: str, block: int = BLOCK,
-                 feedbacks: Sequence[ErrorFeedback] | None = None) -> torch.Tensor:
+                 feedbacks: Sequence[ErrorFeedback] | None = None,
+                 key: Hashable = "average") -> torch.Tensor:
     """The average of the rows of ``deltas`` ([g, n]) as `compressed_average` computes it over g
-    ranks (row k = rank k's values, ``feedbacks[k]`` its error feedback): float32 [n], the same
-    numbers, for engines that hold every worker in one process."""
+    ranks (row k = rank k's values, ``feedbacks[k]`` its error feedback, under ``key``): float32
+    [n], the same numbers, for engines that hold every worker in one process."""
     g, n = deltas.shape
     length = _padded(n, g, block)
     acc = torch.zeros(length, dtype=torch.float32, device=deltas.device)
     for k in range(g):  # in rank order, as each rank sums its chunk
         padded = torch.zeros(length, dtype=torch.float32, device=deltas.device)
         padded[:n] = deltas[k]
-        e = feedbacks[k].encode("average", padded) if feedbacks else encode(padded, fmt, block)
+        e = feedbacks[k].encode(key, padded) if feedbacks else encode(padded, fmt, block)
         acc += decode(e)
     acc /= g
     return decode(encode(acc, fmt, block))[:n]

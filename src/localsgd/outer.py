@@ -81,21 +81,30 @@ class OuterUpdate:
         """
         if self.anchor is None:
             raise ValueError("OuterUpdate.step before reset(params): no anchor w_prev yet")
-        if self.scale_by_lr and not lr > 0.0:
-            raise ValueError(f"inner lr gamma must be > 0 to scale the outer step, got {lr}")
         row = self._row(params)
         if row.shape != self.anchor.shape:
             raise ValueError(
                 f"params have {row.numel()} entries per worker but the anchor from reset() has "
                 f"{self.anchor.numel()}; call reset() with the same parameters"
             )
+        self.step_delta(self.anchor - row, lr)
+        params.copy_(self.anchor.expand_as(params))
+
+    @torch.no_grad()
+    def step_delta(self, delta: torch.Tensor, lr: float = 1.0) -> torch.Tensor:
+        """The outer step from the averaged change ``delta`` = w_prev - w_avg itself (what a
+        streamed fragment's average brings, `localsgd.streaming`); returns the new anchor."""
+        if self.anchor is None:
+            raise ValueError("OuterUpdate.step before reset(params): no anchor w_prev yet")
+        if self.scale_by_lr and not lr > 0.0:
+            raise ValueError(f"inner lr gamma must be > 0 to scale the outer step, got {lr}")
         gamma = float(lr) if self.scale_by_lr else 1.0
-        d = (self.anchor - row) / gamma  # App. D.1.2: (1/gamma) avg Delta
+        d = delta / gamma  # App. D.1.2: (1/gamma) avg Delta
         self.buf.mul_(self.momentum).add_(d)
         direction = d.add(self.buf, alpha=self.momentum) if self.nesterov else self.buf
         self.anchor.add_(direction, alpha=-self.lr * gamma)
-        params.copy_(self.anchor.expand_as(params))
         self.num_steps += 1
+        return self.anchor
 
     def state_dict(self) -> dict:
         return {

@@ -12,7 +12,9 @@ Step convention: ``t = 1, 2, ...`` is the number of completed local (inner optim
   all-reduce after warm-up);
 * then, *after* update ``t``: ``gossip`` (one SGP round), ``level`` (model averaging inside the
   groups of that level; only the highest due level runs), ``outer`` (outer / slow-momentum step on
-  the globally averaged model).
+  the globally averaged model); with streaming fragment sync (`Streaming`) ``fragment`` (launch
+  the average of that fragment's change) and then ``merge`` (apply a fragment's average launched
+  ``overlap`` updates before).
 
 Averaging replaces every model of a group by the group mean, Eq. (4)/(5). Algorithm 1 line 10
 (and Algorithm 2 lines 11 and 14) multiply the averaged Delta by gamma once more; that would
@@ -33,7 +35,7 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from localsgd.topology import Topology, check_int
 
-__all__ = ["Action", "Communicator", "OuterStep", "SyncDriver", "SyncSchedule"]
+__all__ = ["Action", "Communicator", "OuterStep", "Streaming", "SyncDriver", "SyncSchedule"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,6 +52,57 @@ class Action(NamedTuple):
     outer: bool = False  # outer / slow-momentum step after the (global) average
     gossip: bool = False  # one SGP push-sum round after update t
     warmup: bool = False  # t is inside the post-local SGD warm-up (t <= warmup_steps)
+    fragment: int | None = None  # streaming: fragment whose average is launched after update t
+    merge: int | None = None  # streaming: fragment whose launched average is applied after t
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """Streaming fragment sync (Douillard et al. 2025, *Streaming DiLoCo with overlapping
+    communication*, Sec. 2): the parameters split into ``fragments`` = P parts (whole tensors in
+    parameter order, balanced by size: `localsgd.streaming.fragment_bounds`), each averaged once
+    every H updates at its own offset instead of the whole model at once, so the peak bandwidth
+    drops by about P.
+
+    After update ``s = t - W`` of the local phase (W the post-local warm-up), fragment p's
+    average is *launched* when ``s % H == ((p + 1) * H // P) % H`` (evenly spread; the last
+    fragment at multiples of H, so P = 1 launches where local SGD averages) and *merged*
+    ``overlap`` = τ updates later, the workers training on meanwhile (the average travels while
+    they compute). At the merge the fragment's new global value is its reference (the last
+    global value, the same on every worker) minus the averaged change each worker made up to the
+    launch, through the outer update when there is one (its Eq. 2: Nesterov for DiLoCo, block
+    momentum, or none: the plain average); each worker then takes
+    ``mixing * local + (1 - mixing) * global`` (α = ``mixing``; 0 replaces the local fragment,
+    the paper's default). P = 1, τ = 0, α = 0 is local SGD (or DiLoCo with an outer update).
+    Needs P <= H (distinct offsets) and τ < H (a fragment is merged before its next launch).
+    """
+
+    fragments: int
+    overlap: int = 0
+    mixing: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_int("streaming fragments", self.fragments, 1)
+        check_int("streaming overlap (updates between a fragment's launch and its merge)",
+                  self.overlap, 0)
+        if isinstance(self.mixing, bool) or not isinstance(self.mixing, int | float) \
+                or not 0.0 <= self.mixing < 1.0:
+            raise ValueError(f"streaming mixing={self.mixing!r}: must be in [0, 1) (the local "
+                             "fragment's weight at a merge; 0 takes the global value)")
+
+    def launched(self, s: int, period: int) -> int | None:
+        """The fragment whose average is launched after update ``s`` of the local phase."""
+        if s < 1:
+            return None
+        r = s % period
+        for p in range(self.fragments):
+            if (p + 1) * period // self.fragments % period == r:
+                return p
+        return None
+
+    def merged(self, s: int, period: int) -> int | None:
+        """The fragment whose average is merged after update ``s`` of the local phase."""
+        return self.launched(s - self.overlap, period)
 
 
 @dataclass(frozen=True)
@@ -115,6 +168,7 @@ class SyncSchedule:
     gossip: bool = False
     outer_period: int | Literal["global"] | None = None
     warmup_mode: Literal["gradients", "models"] = "gradients"
+    streaming: Streaming | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, Topology):
@@ -170,6 +224,36 @@ class SyncSchedule:
                     f"level, got {len(self._averaged_levels())}; use 'hierarchical'"
                 )
 
+        if self.streaming is not None:
+            self._check_streaming()
+
+    def _check_streaming(self) -> None:
+        st = self.streaming
+        if not isinstance(st, Streaming):
+            raise ValueError(f"streaming must be a Streaming, got {type(st).__name__}")  # noqa: TRY004
+        bad = {"torch_compat": self.torch_compat, "gossip": self.gossip,
+               "local_step_warmup_epochs": self.local_step_warmup_epochs,
+               "post_local_gradient_allreduce": self.post_local_gradient_allreduce}
+        bad = {k: v for k, v in bad.items() if v}
+        if bad:
+            raise ValueError(f"streaming fragment sync cannot run with {bad}: fragments are "
+                             "merged against a global reference on a fixed period")
+        if self.topology.num_levels != 1:
+            raise ValueError(f"streaming fragment sync averages the whole world on one period; "
+                             f"the topology has {self.topology.num_levels} levels (give a flat "
+                             "one: no block_size)")
+        if self.outer_period not in (None, "global"):
+            raise ValueError(f"streaming fragment sync applies the outer update to each fragment "
+                             f"at its merge: outer_period must be 'global' or None, got "
+                             f"{self.outer_period!r}")
+        period = self.topology.levels[0].period
+        if st.fragments > period:
+            raise ValueError(f"streaming fragments={st.fragments} > H={period}: every fragment "
+                             "needs its own offset in the period")
+        if st.overlap >= period:
+            raise ValueError(f"streaming overlap={st.overlap} >= H={period}: a fragment's "
+                             "average must be merged before its next launch")
+
     # -- helpers -----------------------------------------------------------------------------
 
     @property
@@ -220,6 +304,10 @@ class SyncSchedule:
                 epoch_end = t % self.steps_per_epoch == 0
             else:
                 origin = max(w, self.local_step_warmup_epochs * self.steps_per_epoch)
+        if self.streaming is not None:
+            s, period = t - w, self.topology.levels[0].period
+            return Action(t, fragment=self.streaming.launched(s, period),
+                          merge=self.streaming.merged(s, period))
         averaged = self._averaged_levels()
         if epoch_end and averaged:  # close the epoch's last round: phases restart next epoch
             level = averaged[-1]
@@ -264,7 +352,7 @@ class SyncSchedule:
 
         df = pd.DataFrame(rows, columns=[*Action._fields, "level_name", "group_size"])
         # nullable ints so "no level" shows as <NA> instead of turning levels into floats
-        for col in ("level", "allreduce_grads_level", "group_size"):
+        for col in ("level", "allreduce_grads_level", "group_size", "fragment", "merge"):
             df[col] = df[col].astype("Int64")
         return df
 
@@ -346,7 +434,13 @@ class SyncDriver:
             )
         self.schedule, self.comm, self.outer = schedule, comm, outer
         self.t = 0
-        if outer is not None:
+        self.streaming = None
+        if schedule.streaming is not None:
+            # torch lives there; this module stays pure Python for the convex simulator
+            from localsgd.streaming import FragmentSync
+
+            self.streaming, self.outer = FragmentSync(schedule.streaming, comm, outer), None
+        elif outer is not None:
             outer.reset(comm.flat_params())
 
     def before_step(self) -> Action:
@@ -364,6 +458,13 @@ class SyncDriver:
             self.comm.gossip(self.t)
         if a.level is not None:
             self.comm.average(a.level)
+        if self.streaming is not None:
+            if a.fragment is not None:
+                self.streaming.launch(a.fragment, lr)
+            if a.merge is not None:
+                self.streaming.merge(a.merge)
+            elif a.warmup and not self.schedule.action(self.t + 1).warmup:
+                self.streaming.reset()  # the fragments' references: the model warm-up left
         if self.outer is not None:
             if a.outer:
                 if lr is None:
@@ -375,7 +476,10 @@ class SyncDriver:
         return a
 
     def state_dict(self) -> dict:
-        return {"t": self.t, "outer": None if self.outer is None else self.outer.state_dict()}
+        state = {"t": self.t, "outer": None if self.outer is None else self.outer.state_dict()}
+        if self.streaming is not None:
+            state["streaming"] = self.streaming.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         saved_outer = state.get("outer")
@@ -388,3 +492,8 @@ class SyncDriver:
         self.t = int(state["t"])
         if self.outer is not None:
             self.outer.load_state_dict(saved_outer)
+        if self.streaming is not None:
+            if "streaming" not in state:
+                raise ValueError("the state was saved without streaming fragment sync; resume "
+                                 "with the schedule it was written with")
+            self.streaming.load_state_dict(state["streaming"])

@@ -259,6 +259,14 @@ class DDPEngine(ScheduledWorkers):
         return self._avg_bytes - self.param_bytes + wire_bytes(n, comp.fmt, self._sizes[level],
                                                                 comp.block)
 
+    def _fragment_bytes(self, p: int) -> int:
+        """Bytes of fragment ``p``'s average: its values, or their codes when compressed."""
+        n = self.comm.read_tensors(*self.driver.streaming.bounds[p]).numel()
+        comp = self.comm.compression
+        if comp is None:
+            return n * self.comm.flat_params().element_size()
+        return wire_bytes(n, comp.fmt, self.world_size, comp.block)
+
     @property
     def param_bytes(self) -> int:
         """Bytes of one worker's parameters: what one model average moves."""
@@ -320,10 +328,11 @@ class DDPEngine(ScheduledWorkers):
         level = action.level if action.level is not None and self._sizes[action.level] > 1 \
             else None
         synced = level is not None or action.gossip
+        streamed = action.fragment is not None or action.merge is not None
         grad_arrive = (hook.arrive if hook.arrive is not None else backward_end) \
             if glevel is not None else None
         compute = ((grad_arrive if glevel is not None else backward_end) - start
-                   + opt_end - backward_end + (0.0 if synced else end - opt_end))
+                   + opt_end - backward_end + (0.0 if synced or streamed else end - opt_end))
         wall = end - start  # on CUDA the events' times replace these (`_read_events`): the
         row = {  # host stamps time kernel launches there
 
@@ -339,6 +348,13 @@ class DDPEngine(ScheduledWorkers):
             "avg_end": end if synced else None,
             "avg_bytes": self._average_bytes(level) if level is not None else 0,
             "outer": bool(action.outer),
+            # streaming fragment sync: the fragment launched (its codes' bytes) and the one
+            # merged, with the host's wait for its average (short when it travelled meanwhile)
+            "fragment": action.fragment, "merge": action.merge,
+            "fragment_bytes": (self._fragment_bytes(action.fragment)
+                               if action.fragment is not None else 0),
+            "merge_wait_s": (self.driver.streaming.last_wait_s if action.merge is not None
+                             else None),
         }
         self._timeline.append(row)
         if gpu:  # read at the record (or whenever the timeline is), not now: no wait per update

@@ -11,7 +11,7 @@ layouts (per replica and stacked: `localsgd.engines.replicas`' docstring).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -233,16 +233,7 @@ class ReplicaCommunicator:
             mean = mean_of_rows(delta[rows], comp.fmt, comp.block, feedbacks)
             new[rows] = ref[rows] + mean.to(ref.dtype)
         self._comp_refs[level] = new
-        offset = 0
-        k = self.world_size
-        for col in self._slots:  # gap-free columns back into the aligned stack
-            width = col[0].numel() // (k if self._stacked else 1)
-            if self._stacked:
-                col[0].copy_(new[:, offset:offset + width].view_as(col[0]))
-            else:
-                for r, p in enumerate(col):
-                    p.copy_(new[r, offset:offset + width].view_as(p))
-            offset += width
+        self.write_tensors(0, len(self._slots), new)
 
     # -- Communicator ------------------------------------------------------------------------
 
@@ -253,10 +244,49 @@ class ReplicaCommunicator:
         """A copy of the replicas' parameters as a gap-free ``[K, n_params]`` matrix (row k is
         ``torch.cat([p.flatten() for p in trainable params of replica k])``); ``self.flat``
         is the same numbers with each tensor starting on an aligned offset."""
+        return self.read_tensors(0, len(self._slots))
+
+    # -- what streaming fragment sync reads and writes (`localsgd.streaming`) ------------------
+
+    def param_numels(self) -> list[int]:
+        """Sizes of one replica's trainable tensors, in parameter order."""
+        k = self.world_size
+        return [col[0].numel() // (k if self._stacked else 1) for col in self._slots]
+
+    def read_tensors(self, j0: int, j1: int) -> torch.Tensor:
+        """Trainable tensors ``j0 .. j1 - 1`` of every replica, a gap-free ``[K, n]`` copy."""
         k = self.world_size
         with torch.no_grad():
             return torch.cat([(col[0] if self._stacked else torch.stack(col)).reshape(k, -1)
-                              for col in self._slots], dim=1)
+                              for col in self._slots[j0:j1]], dim=1)
+
+    @torch.no_grad()
+    def write_tensors(self, j0: int, j1: int, values: torch.Tensor) -> None:
+        """Write gap-free ``values`` (``[K, n]``, or ``[n]`` for every replica) into trainable
+        tensors ``j0 .. j1 - 1`` of the aligned stack."""
+        k = self.world_size
+        values = values.expand(k, -1) if values.dim() == 1 else values
+        offset = 0
+        for col in self._slots[j0:j1]:
+            width = col[0].numel() // (k if self._stacked else 1)
+            if self._stacked:
+                col[0].copy_(values[:, offset:offset + width].reshape(col[0].shape))
+            else:
+                for r, p in enumerate(col):
+                    p.copy_(values[r, offset:offset + width].view_as(p))
+            offset += width
+
+    def start_mean(self, delta: torch.Tensor, key: object) -> Callable[[], torch.Tensor]:
+        """The mean over all replicas of ``delta``'s rows ([K, n] -> [n]), exact or as the codes
+        of the run's compression (each replica's error feedback under ``key``), computed now:
+        one process has nothing to overlap."""
+        if self.compression is None:
+            mean = delta.mean(0)
+        else:
+            comp = self.compression
+            feedbacks = self._comp_feedback[self.topology.top] if comp.feedback else None
+            mean = mean_of_rows(delta, comp.fmt, comp.block, feedbacks, key=key).to(delta.dtype)
+        return lambda: mean
 
     def _check_aliasing(self) -> None:
         # rebinding p.data (vector_to_parameters, .to(), load_state_dict(assign=True)) detaches a

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localsgd import data as data_mod
-from localsgd import numerics
+from localsgd import numerics, schedule
 from localsgd.outer import OuterUpdate
 from localsgd.topology import Topology
 
@@ -121,6 +121,19 @@ class TrainConfig:
     compression_feedback: bool = True
     """With a compressed ``average_compression``: each worker adds what its last codes left out
     to its next change (error feedback, `localsgd.compression.ErrorFeedback`)."""
+    fragments: int = 0
+    """Streaming fragment sync (beyond the sources; `localsgd.schedule.Streaming`, Douillard et
+    al. 2025): 0 averages the whole model at once (the paper's); P >= 1 splits the parameters
+    into P fragments of whole tensors, each averaged once every H updates at its own offset
+    (through the outer step of ``momentum_scheme`` 'global' / 'hybrid', per fragment). A flat
+    topology (no block_size), P <= H; not with SGP, SlowMo, the local-step warm-up or a
+    buffer / momentum state-sync policy (there is no whole-model sync to apply them at)."""
+    overlap_steps: int = 0
+    """With ``fragments``: τ, the updates a fragment's average travels before it is merged
+    (τ < H), the workers training on meanwhile."""
+    fragment_mixing: float = 0.0
+    """With ``fragments``: α, the share of its own fragment each worker keeps at a merge (0, the
+    source's default, takes the global value)."""
 
     # -- SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel) over local SGD or SGP
     slowmo_frequency: int | None = None
@@ -249,11 +262,33 @@ class TrainConfig:
                     "momentum_scheme='local' (or 'none') with SlowMo")
         OuterUpdate(self.slowmo_momentum, self.slowmo_lr)  # validates beta in [0, 1), alpha > 0
         self.topology()  # validates K, K', H, H^b with the schedule's own messages
+        self._check_streaming()
         if self.block_gradient_allreduce and self.topology().num_levels < 2:
             raise ValueError(
                 "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
                 f"world_size={self.world_size} below it and block_steps > 1 (got block_size="
                 f"{self.block_size}, block_steps={self.block_steps})")
+
+    def _check_streaming(self) -> None:
+        f = self.fragments
+        if isinstance(f, bool) or not isinstance(f, int) or f < 0:
+            raise ValueError(f"fragments={f!r}: must be an integer >= 0 (0: whole-model "
+                             "averages)")
+        if not f:
+            return
+        clash = {name: getattr(self, name) for name in (
+            "block_size", "gossip", "slowmo_frequency", "local_step_warmup_epochs",
+            "average_buffers", "broadcast_buffers", "average_momentum")
+            if getattr(self, name) not in (None, False, 0)}
+        if clash:
+            name, value = next(iter(clash.items()))
+            raise ValueError(f"fragments={f} (streaming fragment sync) cannot run with "
+                             f"{name}={value!r}: fragments are merged one at a time on a flat "
+                             "topology's period, never as a whole-model sync")
+        streaming = schedule.Streaming(f, self.overlap_steps, self.fragment_mixing)
+        schedule.SyncSchedule(self.topology(), streaming=streaming,
+                              outer_period="global" if self.momentum_scheme in (
+                                  "global", "hybrid") else None)
 
     def topology(self) -> Topology:
         return Topology.from_paper(self.world_size, self.local_steps, self.block_size,

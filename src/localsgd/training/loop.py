@@ -53,7 +53,7 @@ from localsgd.engines.ddp import DDPEngine
 from localsgd.engines.replicas import ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
-from localsgd.schedule import SyncSchedule
+from localsgd.schedule import Streaming, SyncSchedule
 from localsgd.training.batch_sources import (
     MemoryBatches,
     StreamedBatches,
@@ -145,6 +145,8 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
                       else cfg.slowmo_frequency),
         post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
         gossip=cfg.gossip,
+        streaming=(Streaming(cfg.fragments, cfg.overlap_steps, cfg.fragment_mixing)
+                   if cfg.fragments else None),
     )
     local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
     global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum

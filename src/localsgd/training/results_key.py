@@ -53,6 +53,8 @@ UNUSED_WHEN = {
                         "no global (outer) momentum step"),
     "compression_feedback": (lambda c: c.average_compression == "fp32",
                              "exact averages: no codes whose error to feed back"),
+    "overlap_steps": (lambda c: not c.fragments, "no streaming fragments to overlap"),
+    "fragment_mixing": (lambda c: not c.fragments, "no streaming fragments to merge"),
 }
 
 
