@@ -280,3 +280,73 @@ def test_the_runner_records_the_bytes_of_the_codes(tmp_path):
     assert fp32["bytes_l0"] > 0
     ratio = int8["bytes_l0"] / fp32["bytes_l0"]
     assert abs(ratio - (1 + 4 / cp.BLOCK) / 4) < 0.01, ratio  # a quarter, plus the scales
+
+
+THROTTLED = '''
+import json, statistics, time
+import torch, torch.distributed as dist
+from localsgd.compression import compressed_average
+from localsgd.distributed import spawn
+from localsgd.models import build_model
+
+
+def worker(rank, world, fmt):
+    torch.manual_seed(rank)  # each worker its own ResNet-20
+    flat = torch.cat([p.detach().reshape(-1) for p in build_model("resnet20").parameters()])
+    times = []
+    for _ in range(5):
+        dist.barrier()
+        start = time.perf_counter()
+        if fmt == "fp32":
+            dist.all_reduce(flat, op=dist.ReduceOp.AVG)
+        else:
+            compressed_average([flat], fmt)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+if __name__ == "__main__":
+    print(json.dumps({fmt: max(spawn(worker, 4, fmt)) for fmt in ("fp32", "int8")}))
+'''
+
+
+# a token bucket at 200 Mbit/s on the namespace's loopback (whose MTU is 64 KiB: the bucket
+# must hold a few packets, or TCP stalls and gloo resets the connection)
+TBF = "tc qdisc add dev lo root tbf rate 200mbit burst 256kb limit 8mb"
+
+
+def _throttled_loopback() -> str | None:
+    """Why a network namespace with a throttled loopback cannot be made here, or None."""
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or shutil.which("tc") is None:
+        return "needs unshare and tc (iproute2)"
+    probe = subprocess.run(["unshare", "-n", "sh", "-c", f"ip link set lo up && {TBF}"],
+                           capture_output=True, text=True, check=False)
+    return None if probe.returncode == 0 else f"no throttled namespace: {probe.stderr.strip()}"
+
+
+def test_int8_averages_beat_fp32_once_bandwidth_binds(tmp_path):
+    """Four gloo processes in a network namespace whose loopback a token bucket holds to
+    200 Mbit/s (tc tbf; the kernel here has no netem): averaging ResNet-20's 0.27 M parameters
+    as int8 codes takes less wall time than fp32's ring all-reduce. Measured 2026-11-29 on
+    this 2-core machine: 255 ms fp32 against 68 ms int8 (unthrottled: 8 ms against 24 ms, where
+    encoding costs more than the bytes it saves)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    why = _throttled_loopback()
+    if why is not None:
+        pytest.skip(why)
+    script = tmp_path / "throttled.py"
+    script.write_text(THROTTLED)
+    cmd = f"ip link set lo up && {TBF} && {sys.executable} {script}"
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["unshare", "-n", "sh", "-c", cmd], capture_output=True, text=True,
+                       timeout=300, check=False, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    seconds = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seconds["int8"] < 0.6 * seconds["fp32"], seconds

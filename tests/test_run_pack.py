@@ -95,6 +95,19 @@ def test_a_run_with_compressed_averages_keeps_them_inside_a_pack():
     assert out[1]["test_loss"].iloc[-1] != off["test_loss"].iloc[-1]  # the codes acted
 
 
+def test_a_streaming_run_keeps_its_fragments_inside_a_pack():
+    # streaming fragment sync (2 fragments, merged an update after launch, global momentum per
+    # fragment) beside a run that averages whole models
+    plain, streamed = _configs(["local_tricks", "global_momentum"])
+    streamed = dataclasses.replace(streamed, fragments=2, overlap_steps=1, fragment_mixing=0.5,
+                                   average_buffers=False)
+    out = train_runs([plain, streamed], dataset=_dataset(), progress=False)
+    for cfg, rec in zip((plain, streamed), out, strict=True):
+        _assert_same(rec, _alone(dataclasses.replace(cfg, batched=True)), f"{cfg.seed}")
+    off = _alone(dataclasses.replace(streamed, batched=True, fragments=0))
+    assert out[1]["test_loss"].iloc[-1] != off["test_loss"].iloc[-1]  # the fragments acted
+
+
 def test_a_diverging_run_leaves_the_others_unchanged():
     cfgs = _configs(K2[:3])
     wild = dataclasses.replace(cfgs[1], lr=1e8)  # diverges to NaN within an update or two
