@@ -275,3 +275,54 @@ def test_a_delayed_average_travels_while_the_workers_compute():
     waits = {tau: max(median(w) for w in spawn(_overlap_worker, 2, tau)) for tau in (0, 1)}
     assert waits[0] > 2e-3, waits  # the all-reduce of 34 MB takes milliseconds on loopback
     assert waits[1] < 0.25 * waits[0], waits
+
+
+# ------------------------------------------------------------------ priced by the timing model
+
+
+def test_one_fragment_without_overlap_costs_what_local_sgd_costs():
+    from localsgd.timing.cluster import Cluster
+    from localsgd.timing.simulate import simulate
+
+    df = simulate(["local:30", "stream:30,1,0"], workers=16, steps=300, baseline=False,
+                  cluster=Cluster(gpus_per_node=4, inter_gbps=1.0), compute_ms=55.0)
+    local, streamed = df.to_dict("records")
+    for col in ("seconds", "comm_share", "bytes_mb", "syncs_avg"):
+        assert streamed[col] == pytest.approx(local[col], abs=1e-12), col
+
+
+def test_a_fragment_average_is_waited_for_only_beyond_the_overlap():
+    """Two workers, 100 ms an update, P = 2 fragments every H = 4 updates merged τ = 1 later,
+    a fragment's average costing c = 0.25 s: launches at updates 2, 4, 6, 8 and merges at 3, 5,
+    7 (update 9's is past the end), each waiting c - 0.1 s; by hand: 0.8 + 3 (c - 0.1) seconds.
+    With τ = 3 (0.3 s of compute) every average is there before its merge."""
+    from localsgd.timing.cluster import Cluster
+    from localsgd.timing.simulate import simulate
+
+    cluster = Cluster(gpus_per_node=2, intra_gbps=8.0, latency_s=0.0)
+    # 2 (g - 1) / g * bytes * 8 / 8e9 = 0.25 s for one fragment (half of model_mb)
+    model_mb = 2 * 0.25 * 1e9 / 1e6
+    assert cluster.allreduce_seconds(2, model_mb * 1e6 / 2, 2) == pytest.approx(0.25)
+    df = simulate(["stream:4,2,1", "stream:4,2,3"], workers=2, steps=8, cluster=cluster,
+                  compute_ms=100.0, model_mb=model_mb, baseline=False)
+    one, three = df.seconds.tolist()
+    assert one == pytest.approx(0.8 + 3 * (0.25 - 0.1))
+    # τ = 3: f0 launched at 2 (t = 0.2) ready 0.45, merged at 5 (t = 0.5): no wait; f1 launched
+    # at 4 (0.4) ready 0.65, merged at 7 (0.7): no wait; f0 launched at 6, merged at 9: past
+    assert three == pytest.approx(0.8)
+    assert df.comm_share.tolist()[1] == 0.0
+    # bytes: 4 launches of half the model, 2 (g - 1) / g of it each
+    assert df.bytes_mb.tolist()[0] == pytest.approx(4 * model_mb / 2)
+
+
+def test_a_streaming_scheme_that_cannot_run_says_why():
+    from localsgd.timing.scheme import Scheme
+
+    with pytest.raises(ValueError, match="fragments=5 > H=4"):
+        Scheme.parse("stream:4,5,0").plan(2, 1, 8)
+    with pytest.raises(ValueError, match="not understood"):
+        Scheme.parse("stream:4")
+    cfg = TrainConfig(local_steps=4, fragments=2, overlap_steps=1)
+    plan = Scheme.from_train_config(cfg, steps_per_epoch=10).plan(2, 1, 8)
+    assert plan["fragment"].tolist() == [0, 2, 0, 2, 0, 2, 0, 2]
+    assert plan["merge"].tolist() == [0, 0, 1, 0, 1, 0, 1, 0]

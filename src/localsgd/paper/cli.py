@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="longest global averaging period among the candidates (default 8)")
     pl.add_argument("--schemes", nargs="+", metavar="S",
                     help="rank these instead of the generated candidates (e.g. sync local:4 "
-                    "hsgd:2-8,8-256)")
+                    "hsgd:2-8,8-256 stream:32,4,4; stream:H,P,T is streaming fragment sync)")
     pl.add_argument("--host-grad", action="store_true",
                     help="local/hierarchical schemes also all-reduce gradients inside each node "
                     "every step (PyTorch's post_local_gradient_allreduce default)")

@@ -11,18 +11,19 @@ from functools import lru_cache
 
 import numpy as np
 
-from localsgd.schedule import SyncSchedule
+from localsgd.schedule import Streaming, SyncSchedule
 from localsgd.topology import Topology
 
 __all__ = ["SCHEME_KINDS", "Scheme"]
 
-SCHEME_KINDS = ("sync", "local", "hier", "slowmo", "sgp", "schedule")
+SCHEME_KINDS = ("sync", "local", "hier", "slowmo", "sgp", "stream", "schedule")
 
 _SCHEME_HELP = (
     "'sync' | 'local:H' | 'hsgd:P1-G1,P2-G2,...' (PyTorch period-group pairs, e.g. "
     "'hsgd:2-8,4-32,8-64') | 'hier:H=2,Kp=4,Hb=4' (the paper's H, K', H^b) | "
     "'slowmo:localsgd,F,S' (base local SGD every F steps, slow momentum every S) | "
-    "'slowmo:sgp,S' | 'sgp'; append '+hostgrad' / '-hostgrad' to force the per-step intra-host "
+    "'slowmo:sgp,S' | 'sgp' | 'stream:H,P,T' (streaming fragment sync: P fragments, each "
+    "averaged every H steps and merged T steps after its launch); append '+hostgrad' / '-hostgrad' to force the per-step intra-host "
     "gradient all-reduce on / off for that scheme")
 
 
@@ -42,6 +43,9 @@ class Scheme:
     every step between nodes, and every ``slowmo_frequency`` steps an exact world average plus
     the sharded slow-momentum step); ``sgp`` (one push-sum message per step to one peer of the
     exponential graph, `localsgd.gossip`, between nodes with intra-node gradient all-reduce);
+    ``stream`` (streaming fragment sync, `localsgd.schedule.Streaming`: ``fragments`` parts of
+    the model each averaged by the world every H = ``levels[0][0]`` steps at its own offset, the
+    average travelling ``overlap`` steps while the workers compute);
     ``schedule`` (any `SyncSchedule`, e.g. exactly what the torchrun runner executes: see
     `Scheme.from_train_config`).
 
@@ -58,6 +62,8 @@ class Scheme:
     localsgd_frequency: int = 1
     slowmo_frequency: int = 48
     schedule: object = None  # a SyncSchedule for kind "schedule"
+    fragments: int = 1  # kind "stream": P
+    overlap: int = 0  # kind "stream": τ
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEME_KINDS:
@@ -71,6 +77,10 @@ class Scheme:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) \
                 or self.warmup_steps < 0:
             raise ValueError(f"warmup_steps={self.warmup_steps!r}: must be an integer >= 0")
+        if self.kind == "stream":
+            Streaming(self.fragments, self.overlap)  # P >= 1, τ >= 0 in its words
+            if len(self.levels) != 1:
+                raise ValueError("a 'stream' scheme has one level: ((H, 0),)")
         if self.kind in ("local", "hier") and not self.levels:
             raise ValueError(f"a {self.kind!r} scheme needs levels, e.g. ((8, world_size),)")
         if self.kind == "schedule" and self.schedule is None:
@@ -124,6 +134,14 @@ class Scheme:
                    slowmo_frequency=slowmo_frequency)
 
     @classmethod
+    def streaming(cls, H: int, fragments: int, overlap: int = 0, *, warmup_steps: int = 0,
+                  name: str = "") -> Scheme:
+        """Streaming fragment sync (Douillard et al. 2025): ``fragments`` parts, each averaged
+        by the world once every ``H`` steps, merged ``overlap`` steps after its launch."""
+        return cls("stream", ((H, 0),), name=name, warmup_steps=warmup_steps,
+                   fragments=fragments, overlap=overlap)
+
+    @classmethod
     def sgp(cls, name: str = "sgp") -> Scheme:
         return cls("sgp", name=name)
 
@@ -145,6 +163,8 @@ class Scheme:
             steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
             outer_period="global" if cfg.momentum_scheme in ("global", "hybrid") else None,
             post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
+            streaming=(Streaming(cfg.fragments, cfg.overlap_steps, cfg.fragment_mixing)
+                       if cfg.fragments else None),
         )
         return cls.from_schedule(schedule, name=name or "train config")
 
@@ -187,6 +207,9 @@ class Scheme:
                 raise ValueError
             if kind == "sgp" and not arg:
                 return cls.sgp(name=raw)
+            if kind == "stream":
+                h, p, tau = (int(v) for v in arg.split(","))
+                return cls.streaming(h, p, tau, name=raw)
         except (ValueError, KeyError, IndexError):
             pass
         raise ValueError(f"scheme {raw!r} not understood; expected {_SCHEME_HELP}")
@@ -201,6 +224,8 @@ class Scheme:
         if self.kind == "slowmo":
             return (f"slowmo:localsgd,{self.localsgd_frequency},{self.slowmo_frequency}"
                     if self.base == "localsgd" else f"slowmo:sgp,{self.slowmo_frequency}")
+        if self.kind == "stream":
+            return f"stream:{self.levels[0][0]},{self.fragments},{self.overlap}"
         return self.kind
 
     # -- the per-step plan ------------------------------------------------------------------
@@ -209,8 +234,10 @@ class Scheme:
              host_grad_default: bool = False) -> dict[str, np.ndarray]:
         """Per step t = 1..steps: ``grad`` (group size all-reducing gradients before the update,
         1 = none), ``avg`` (group size averaging models after it, 1 = none), ``gossip`` (offset
-        in ranks of the peer a worker receives from, 0 = none) and ``allgather`` (1 where a
-        sharded slow-momentum step all-gathers the model after a world average)."""
+        in ranks of the peer a worker receives from, 0 = none), ``allgather`` (1 where a
+        sharded slow-momentum step all-gathers the model after a world average), ``fragment``
+        (P where one of P streamed fragments starts its world average, 0 = none) and
+        ``merge`` (1 where a streamed fragment's average must have arrived)."""
         return _plan(self, workers, gpus_per_node, steps, host_grad_default)
 
 
@@ -225,10 +252,14 @@ def _schedule_plan(schedule, steps: int) -> dict[str, np.ndarray]:
     topo = schedule.topology
     sizes = [lv.group_size for lv in topo.levels]
     out = {k: np.ones(steps, dtype=np.int64) for k in ("grad", "avg")}
-    out["gossip"] = np.zeros(steps, dtype=np.int64)
-    out["allgather"] = np.zeros(steps, dtype=np.int64)
+    for key in ("gossip", "allgather", "fragment", "merge"):
+        out[key] = np.zeros(steps, dtype=np.int64)
     for i in range(steps):
         a = schedule.action(i + 1)
+        if a.fragment is not None:
+            out["fragment"][i] = schedule.streaming.fragments
+        if a.merge is not None:
+            out["merge"][i] = 1
         if a.allreduce_grads_level is not None:
             out["grad"][i] = sizes[a.allreduce_grads_level]
         if a.level is not None:
@@ -249,6 +280,11 @@ def _plan(scheme: Scheme, workers: int, gpn: int, steps: int,
     if scheme.kind == "sync":
         return _schedule_plan(SyncSchedule(Topology([(1, workers)], workers),
                                            warmup_steps=steps), steps)
+    if scheme.kind == "stream":
+        return _schedule_plan(SyncSchedule(
+            Topology([(scheme.levels[0][0], workers)], workers),
+            warmup_steps=scheme.warmup_steps,
+            streaming=Streaming(scheme.fragments, scheme.overlap)), steps)
     if scheme.kind in ("local", "hier"):
         levels = [(p, g if g else workers) for p, g in scheme.levels]
         if levels[-1][1] != workers:
@@ -278,7 +314,8 @@ def _plan(scheme: Scheme, workers: int, gpn: int, steps: int,
     t = np.arange(1, steps + 1)
     out = {"grad": np.full(steps, max(1, gpn), dtype=np.int64),
            "avg": np.ones(steps, dtype=np.int64), "gossip": np.zeros(steps, dtype=np.int64),
-           "allgather": np.zeros(steps, dtype=np.int64)}
+           "allgather": np.zeros(steps, dtype=np.int64),
+           "fragment": np.zeros(steps, dtype=np.int64), "merge": np.zeros(steps, dtype=np.int64)}
     gossiping = scheme.kind == "sgp" or scheme.base == "sgp"
     if gossiping and nodes > 1:
         out["gossip"] = np.array([_gossip_offset(int(s), nodes) * gpn for s in t])

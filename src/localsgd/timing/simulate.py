@@ -59,8 +59,8 @@ class _GroupMax:
 
 def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: np.ndarray,
                avg_cost: np.ndarray, gossip_cost: float, allgather_cost: float,
-               steps: int, queue: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None
-               ) -> dict[str, np.ndarray]:
+               steps: int, queue: tuple[np.ndarray, np.ndarray, float, np.ndarray] | None = None,
+               fragment_cost: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Advance every configuration's worker clocks through ``steps`` steps: the simulator's
     core, also for callers with their own step times (`simulate` draws them).
 
@@ -75,7 +75,13 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
     (asynchronous CUDA queue; collectives block the device stream, not the host). Per step the
     host starts when its device has finished step t − Q, enqueues the forward (share q of the
     step's device work), stalls, then enqueues the rest; the device runs each part once both it
-    and the host are there. ``clock`` is then the device's clock; Q <= 1 is ``work``'s model."""
+    and the host are there. ``clock`` is then the device's clock; Q <= 1 is ``work``'s model.
+
+    Streamed fragments (plans' ``fragment`` / ``merge``; ``fragment_cost[c]``: seconds of one
+    fragment's world average): a launch does not stop the workers; its average starts when the
+    last of them launches and is ready ``fragment_cost`` later; the merge (in launch order)
+    waits until then. The part of that wait no longer than the average's cost counts as
+    communication, the rest as waiting; averages in flight do not share bandwidth."""
     n_cfg, workers = len(plans), work.shape[1]
     clock = np.zeros(n_cfg * workers)
     wait = np.zeros_like(clock)
@@ -90,6 +96,13 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
     ac = avg_cost[cfg_idx[None, :], avg] + gather * allgather_cost
     any_grad, any_avg, any_goss = (grad > 1).any(1), (avg > 1).any(1), (goss > 0).any(1)
     grad_keys, avg_keys = [tuple(r) for r in grad.tolist()], [tuple(r) for r in avg.tolist()]
+    none = np.zeros(steps, dtype=np.int64)
+    frag = np.stack([p.get("fragment", none) for p in plans], axis=1)
+    merge = np.stack([p.get("merge", none) for p in plans], axis=1)
+    streamed = (frag > 0).any(1) | (merge > 0).any(1)
+    if streamed.any() and fragment_cost is None:
+        raise ValueError("plans with streamed fragments need fragment_cost (seconds per config)")
+    in_flight: list[list[float]] = [[] for _ in range(n_cfg)]  # ready times, launch order
     grid = clock.reshape(n_cfg, workers)  # a view: adding a step's work broadcasts over configs
     rows = np.arange(n_cfg)[:, None] * workers
     if queue is not None:
@@ -118,6 +131,17 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
             c = np.repeat(cost, workers)
             comm += c
             np.add(release, c, out=clock)  # in place: `grid` views it
+        if streamed[i]:
+            for c in np.flatnonzero((frag[i] > 0) | (merge[i] > 0)):
+                seg = slice(c * workers, (c + 1) * workers)
+                if frag[i, c]:
+                    in_flight[c].append(float(clock[seg].max()) + float(fragment_cost[c]))
+                if merge[i, c]:
+                    exposed = np.maximum(in_flight[c].pop(0) - clock[seg], 0.0)
+                    talk = np.minimum(exposed, fragment_cost[c])
+                    comm[seg] += talk
+                    wait[seg] += exposed - talk
+                    clock[seg] += exposed
         if any_goss[i]:  # receive from (rank - offset): wait for that peer, then the message
             off = goss[i]
             ranks = (np.arange(workers)[None, :] - off[:, None]) % workers
@@ -175,7 +199,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
        the backward: ``max(0, C − grad_overlap · backward_fraction · compute)`` (DDP overlaps
        the bucketed all-reduce with backward: blog "Algorithm Hyperparameters", point 2);
     4. model averaging (local / hierarchical / SlowMo): released at the slowest member's
-       arrival, then the full collective cost — no overlap (blog, limitation 3);
+       arrival, then the full collective cost — no overlap (blog, limitation 3); streamed
+       fragments (kind "stream"): 1/P of the model's bytes per average, which travels while the
+       workers compute and is waited for τ steps later (`run_clocks`);
     5. SGP: wait for the in-peer of the exponential graph, then one message of the model.
 
     A collective among g workers costs ``Cluster.allreduce_seconds`` (recursive-doubling
@@ -198,8 +224,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     scheme by name, e.g. a runner's synchronous `Scheme.from_train_config`; False: NaN),
     compute_share, stall_share (time a worker's own stalls added, after any hiding),
     wait_share, comm_share (shares of the summed worker clocks; they add to 1), syncs_grad,
-    syncs_avg (steps with a gradient / model sync), bytes_mb (MB each worker sends: ring
-    all-reduce 2(g−1)/g of the model, a gossip message one model), and the inputs
+    syncs_avg (steps with a gradient / model sync; a streamed fragment's launch counts as one),
+    bytes_mb (MB each worker sends: ring all-reduce 2(g−1)/g of the model, or of a fragment, 1/P
+    of it; a gossip message one model), and the inputs
     (compute_ms, jitter, straggler_rate, straggler_s, persistent, model_mb, inter_gbps,
     intra_gbps, latency_s, grad_overlap, backward_fraction, intra_host_grad_allreduce,
     queued_fraction, queue_steps, sync_queue_steps, seed).
@@ -284,7 +311,11 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     sync_q = queue_steps if sync_queue_steps is None else sync_queue_steps
     depths = [sync_q if sc.kind == "sync" else queue_steps for sc in run]
     queue = (compute, stall, queued_fraction, depths) if max(depths) > 1 else None
-    res = run_clocks(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue)
+    # a streamed fragment: 1/P of the model averaged by the world
+    fragment_cost = np.array([cluster.allreduce_seconds(workers, avg_bytes / max(1, sc.fragments),
+                                                        workers) for sc in run])
+    res = run_clocks(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue,
+                     fragment_cost)
 
     rows = []
     for c, (scheme, plan) in enumerate(zip(run, plans, strict=True)):
@@ -296,7 +327,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
         moved = float(sum((2 * (g - 1) / g) * model_mb * (ratio if key == "avg" else 1.0)
                           for key in ("grad", "avg") for g in plan[key] if g > 1)
                       + model_mb * ratio * ((plan["gossip"] > 0).sum()
-                                            + (workers - 1) / workers * plan["allgather"].sum()))
+                                            + (workers - 1) / workers * plan["allgather"].sum())
+                      + sum(2 * (workers - 1) / workers * model_mb * ratio / p
+                            for p in plan["fragment"] if p > 0))
         rows.append({
             "scheme": scheme.name, "kind": scheme.kind, "workers": workers,
             "gpus_per_node": gpn, "steps": steps, "seconds": seconds,
@@ -308,7 +341,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
             else float("nan"),
             "wait_share": float(res["wait"][c].sum()) / total if total else float("nan"),
             "comm_share": float(res["comm"][c].sum()) / total if total else float("nan"),
-            "syncs_grad": int((plan["grad"] > 1).sum()), "syncs_avg": int((plan["avg"] > 1).sum()),
+            "syncs_grad": int((plan["grad"] > 1).sum()),
+            "syncs_avg": int((plan["avg"] > 1).sum() + (plan["fragment"] > 0).sum()),
             "bytes_mb": moved,
         })
     df = pd.DataFrame(rows)
