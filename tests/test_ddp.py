@@ -54,6 +54,9 @@ SCENARIOS = {
     "streaming_int8": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,
                                           fragments=2, overlap_steps=1,
                                           average_compression="int8"),
+    # beyond the sources: per-worker H, worker k applying the first 4 - k updates of a round
+    "worker_steps": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,
+                                        worker_local_steps=(4, 3, 2, 1)),
     # the same run cut to 4 updates with H = 1 so every float32 mechanism acts before rounding
     # can be amplified: 2 warm-up updates (DDP's gradient all-reduce), a block average (update
     # 3), a global average with the outer block-momentum step (update 4), BatchNorm statistics

@@ -241,6 +241,11 @@ def average_parameters(params: Iterable[torch.Tensor],
 # --------------------------------------------------------------------------- communicator
 
 
+def _per_row(value: object) -> bool:
+    """Optimizer state kept per parameter element (momentum, moments), not a step count."""
+    return torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0
+
+
 class DistributedCommunicator:
     """``localsgd.schedule.Communicator`` over torch.distributed: this process is one worker.
 
@@ -395,6 +400,32 @@ class DistributedCommunicator:
         self.ps_weight = float(total[n])
         self._gossiped = True
         torch.div(total[:n], total[n], out=flat)
+
+    # -- an update sat out (per-worker H, `localsgd.schedule.Action.idle`) ------------------------
+
+    @torch.no_grad()
+    def hold(self):
+        """Keep this worker's parameters, float buffers and optimizer state as they are now;
+        returns the function that puts them back (state the update created goes to zeros)."""
+        flat = self.flat_params()
+        params, buffers = flat.clone(), [b.clone() for b in float_buffers(self.model)]
+        opt = self.optimizer
+        saved = {p: {k: v.clone() for k, v in opt.state.get(p, {}).items() if _per_row(v)}
+                 for p in self.params} if opt is not None else {}
+
+        @torch.no_grad()
+        def restore() -> None:
+            flat.copy_(params)
+            for b, before in zip(float_buffers(self.model), buffers, strict=True):
+                b.copy_(before)
+            for p, before in saved.items():
+                for key, value in opt.state.get(p, {}).items():
+                    if _per_row(value) and key in before:
+                        value.copy_(before[key])
+                    elif _per_row(value):
+                        value.zero_()
+
+        return restore
 
     # -- what streaming fragment sync reads and writes (`localsgd.streaming`) --------------------
 

@@ -54,6 +54,7 @@ class Action(NamedTuple):
     warmup: bool = False  # t is inside the post-local SGD warm-up (t <= warmup_steps)
     fragment: int | None = None  # streaming: fragment whose average is launched after update t
     merge: int | None = None  # streaming: fragment whose launched average is applied after t
+    idle: tuple[int, ...] = ()  # workers whose update t is not applied (their own H is spent)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,11 @@ class SyncSchedule:
       average of the local phase. None: no outer steps.
     * **Gossip** (``gossip=True``, SGP base of SlowMo): one push-sum round after every local-phase
       update that does not average.
+    * **Per-worker H** (``worker_steps``, beyond the sources: heterogeneous workers): with one
+      level of period H (a round), worker k applies only the first H_k updates of each round of
+      the local phase and is idle for the rest (``Action.idle``: its batch is computed, its
+      update not applied), as a slower worker makes fewer steps between the same averages.
+    * **Streaming fragments** (``streaming``): see `Streaming`.
 
     ``torch_compat`` reproduces torch.distributed's model averagers exactly (they count
     ``s = t - 1`` from 0, incremented after each ``average_parameters`` call):
@@ -169,6 +175,7 @@ class SyncSchedule:
     outer_period: int | Literal["global"] | None = None
     warmup_mode: Literal["gradients", "models"] = "gradients"
     streaming: Streaming | None = None
+    worker_steps: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, Topology):
@@ -226,6 +233,29 @@ class SyncSchedule:
 
         if self.streaming is not None:
             self._check_streaming()
+        if self.worker_steps is not None:
+            self._check_worker_steps()
+
+    def _check_worker_steps(self) -> None:
+        steps = self.worker_steps
+        if not isinstance(steps, tuple | list) or len(steps) != self.topology.world_size:
+            raise ValueError(f"worker_steps={steps!r}: one H per worker, "
+                             f"{self.topology.world_size} of them")
+        object.__setattr__(self, "worker_steps", tuple(steps))
+        period = self.topology.levels[-1].period
+        for k, h in enumerate(steps):
+            check_int(f"worker_steps[{k}]", h, 1)
+            if h > period:
+                raise ValueError(f"worker_steps[{k}]={h} > {period}, the round between global "
+                                 "averages: a worker makes at most one update per step")
+        bad = {k: v for k, v in {"torch_compat": self.torch_compat, "gossip": self.gossip,
+                                 "streaming": self.streaming,
+                                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
+                                 "post_local_gradient_allreduce":
+                                     self.post_local_gradient_allreduce}.items() if v}
+        if bad or self.topology.num_levels != 1:
+            raise ValueError(f"per-worker H (worker_steps) runs rounds of flat local SGD: not "
+                             f"with {bad or f'{self.topology.num_levels} levels'}")
 
     def _check_streaming(self) -> None:
         st = self.streaming
@@ -313,6 +343,10 @@ class SyncSchedule:
             level = averaged[-1]
         else:
             level = self._due_level(t, origin, cap)
+        idle = ()
+        if self.worker_steps is not None:  # worker k updates in the first H_k steps of a round
+            place = (t - origin - 1) % self.topology.levels[-1].period
+            idle = tuple(k for k, h in enumerate(self.worker_steps) if place >= h)
         outer = False
         if self.outer_period == "global":
             outer = level == top
@@ -320,7 +354,7 @@ class SyncSchedule:
             outer, level = True, top
         gossip = self.gossip and level is None
         return Action(t, level=level, allreduce_grads_level=self.grad_level, outer=outer,
-                      gossip=gossip)
+                      gossip=gossip, idle=idle)
 
     def _torch_action(self, t: int) -> Action:
         s, w = t - 1, self.warmup_steps

@@ -207,6 +207,8 @@ class BatchedReplicaEngine(ReplicaEngineBase):
         clock = PhaseClock(self.device) if timed else None
         spans: list = []
         t0 = clock.mark() if timed else None
+        idle = self.schedule.action(self.t + 1).idle  # per-worker H: updates sat out
+        restore = self.comm.hold(idle) if idle else None
         if not self._template.training:
             self._template.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -219,6 +221,8 @@ class BatchedReplicaEngine(ReplicaEngineBase):
         self.optimizer.step()
         if timed:
             spans.append((t0, clock.mark()))
+        if restore is not None:
+            restore()
         action = self.driver.after_step(self.current_lr())
         k = self.world_size
         if timed:

@@ -297,7 +297,10 @@ class DDPEngine(ScheduledWorkers):
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
         t = self.t + 1
-        glevel = self.schedule.action(t).allreduce_grads_level
+        upcoming = self.schedule.action(t)
+        glevel = upcoming.allreduce_grads_level
+        # per-worker H: a worker that sits this update out keeps its state
+        restore = self.comm.hold() if self.rank in upcoming.idle else None
         if glevel is not None and self._sizes[glevel] == 1:
             glevel = None
         hook = self._hook
@@ -318,6 +321,8 @@ class DDPEngine(ScheduledWorkers):
         backward_end = time.time()
         self.driver.before_step()  # gradients were averaged by the hook during backward
         self.optimizer.step()
+        if restore is not None:
+            restore()
         opt_end = time.time()
         if gpu:
             marks.append(self._clock.mark())
@@ -347,7 +352,7 @@ class DDPEngine(ScheduledWorkers):
             "avg_level": level, "avg_arrive": opt_end if synced else None,
             "avg_end": end if synced else None,
             "avg_bytes": self._average_bytes(level) if level is not None else 0,
-            "outer": bool(action.outer),
+            "outer": bool(action.outer), "idle": self.rank in action.idle,
             # streaming fragment sync: the fragment launched (its codes' bytes) and the one
             # merged, with the host's wait for its average (short when it travelled meanwhile)
             "fragment": action.fragment, "merge": action.merge,

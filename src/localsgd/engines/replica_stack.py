@@ -348,6 +348,49 @@ class ReplicaCommunicator:
         gossip_mod.mix_(self.flat, self.ps_weight, plan)
         self.gossiped = True
 
+    # -- idle workers (per-worker H) --------------------------------------------------------
+
+    @torch.no_grad()
+    def hold(self, workers: Sequence[int]) -> Callable[[], None]:
+        """Keep ``workers``' state (parameters, float buffers, optimizer state) as it is now;
+        returns the function that puts it back after an update they sat out
+        (`localsgd.schedule.Action.idle`). Optimizer state the update created (SGD's momentum
+        buffer at its first step) goes back to zeros, where such state starts."""
+        rows = torch.tensor(list(workers), device=self.flat.device)
+        params = self.flat.index_select(0, rows)
+        buffers = [b.index_select(0, rows) for b in self.buffer_stacks]
+        if not self.optimizers:
+            owned = []
+        elif self._stacked:
+            owned = [(self.optimizers[0], col[0]) for col in self._slots]
+        else:
+            owned = [(self.optimizers[k], col[k]) for k in workers for col in self._slots]
+        saved = [(opt, p, {key: value.index_select(0, rows) if self._stacked else value.clone()
+                           for key, value in opt.state.get(p, {}).items() if _per_row(value)})
+                 for opt, p in owned]
+
+        @torch.no_grad()
+        def restore() -> None:
+            self.flat.index_copy_(0, rows, params)
+            for stack, before in zip(self.buffer_stacks, buffers, strict=True):
+                stack.index_copy_(0, rows, before)
+            for opt, p, before in saved:
+                for key, value in opt.state.get(p, {}).items():
+                    if not _per_row(value):
+                        continue
+                    old = before.get(key)
+                    if self._stacked:
+                        if old is None:
+                            value.index_fill_(0, rows, 0.0)
+                        else:
+                            value.index_copy_(0, rows, old)
+                    elif old is None:
+                        value.zero_()
+                    else:
+                        value.copy_(old)
+
+        return restore
+
     # -- extras ------------------------------------------------------------------------------
 
     def _average_optimizer_state(self, g: int) -> None:
@@ -391,6 +434,11 @@ class ReplicaCommunicator:
         self.gossiped = bool(state.get("gossiped", not torch.all(self.ps_weight == 1)))
         if self.compression is not None:
             _load_compression_state(state, self._comp_refs, self._comp_feedback)
+
+
+def _per_row(value: object) -> bool:
+    """Optimizer state kept per parameter element (momentum, moments), not a step count."""
+    return torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0
 
 
 def _compression_state(refs: dict, feedback: dict) -> dict:

@@ -161,6 +161,8 @@ class ReplicaEngine(ReplicaEngineBase):
             return (t0, clock.mark()) if timed else None
 
         replicas = range(len(self.models))
+        idle = self.schedule.action(self.t + 1).idle  # per-worker H: updates sat out
+        restore = self.comm.hold(idle) if idle else None
         wall = time.perf_counter()
         losses, correct, first = zip(*host_map(local, replicas, self.threads), strict=True)
         wall = time.perf_counter() - wall
@@ -169,6 +171,8 @@ class ReplicaEngine(ReplicaEngineBase):
         second = host_map(inner_step, replicas, self.threads)
         wall += time.perf_counter() - t0
         spans = [[a, b] for a, b in zip(first, second, strict=True)] if timed else []
+        if restore is not None:
+            restore()
         action = self.driver.after_step(self.current_lr())
         if timed:
             stats["correct"] = torch.stack(correct) if correct[0] is not None else None

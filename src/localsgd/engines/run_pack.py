@@ -138,6 +138,9 @@ class RunPack(BatchedReplicaEngine):
             else torch.contiguous_format)
         for run in self.runs:
             run._apply_lr_schedule()
+        # per-worker H: each run's workers that sit this update out keep their state
+        holds = [run.comm.hold(idle) if (idle := run.schedule.action(run.t + 1).idle)
+                 else None for run in self.runs]
         clock = PhaseClock(self.device) if stats is not None else None
         t0 = clock.mark() if clock else None
         if not self._template.training:
@@ -147,10 +150,12 @@ class RunPack(BatchedReplicaEngine):
         losses, out = self._forward(x, y, loss_fn, layout)
         losses.sum().backward()
         actions = []
-        for run in self.runs:
+        for run, restore in zip(self.runs, holds, strict=True):
             run._take_grads()
             run.driver.before_step()
             run.optimizer.step()
+            if restore is not None:
+                restore()
             actions.append(run.driver.after_step(run.current_lr()))
         if clock is not None:
             span = [(t0, clock.mark())]

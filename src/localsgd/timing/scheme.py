@@ -165,6 +165,7 @@ class Scheme:
             post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
             streaming=(Streaming(cfg.fragments, cfg.overlap_steps, cfg.fragment_mixing)
                        if cfg.fragments else None),
+            worker_steps=cfg.worker_local_steps,
         )
         return cls.from_schedule(schedule, name=name or "train config")
 

@@ -134,6 +134,13 @@ class TrainConfig:
     fragment_mixing: float = 0.0
     """With ``fragments``: α, the share of its own fragment each worker keeps at a merge (0, the
     source's default, takes the global value)."""
+    worker_local_steps: tuple[int, ...] | None = None
+    """Per-worker H for heterogeneous workers (beyond the sources; `SyncSchedule.worker_steps`):
+    one H_k <= ``local_steps`` per worker; a round still ends with the global average every
+    ``local_steps`` updates, but worker k applies only the first H_k updates of it, as a slower
+    worker would (the rest it sits out: its batch is computed, its state kept). None: every
+    worker makes all H (the paper's). A flat topology; not with SGP, SlowMo, the local-step
+    warm-up or ``fragments``."""
 
     # -- SlowMo (Wang et al. 2020; fairscale's SlowMoDistributedDataParallel) over local SGD or SGP
     slowmo_frequency: int | None = None
@@ -263,6 +270,19 @@ class TrainConfig:
         OuterUpdate(self.slowmo_momentum, self.slowmo_lr)  # validates beta in [0, 1), alpha > 0
         self.topology()  # validates K, K', H, H^b with the schedule's own messages
         self._check_streaming()
+        if self.worker_local_steps is not None:
+            steps = self.worker_local_steps
+            if not isinstance(steps, tuple | list):
+                raise ValueError(f"worker_local_steps={steps!r}: a list of one H per worker")
+            object.__setattr__(self, "worker_local_steps", tuple(steps))
+            clash = {name: getattr(self, name) for name in (
+                "block_size", "gossip", "slowmo_frequency", "local_step_warmup_epochs",
+                "fragments") if getattr(self, name) not in (None, False, 0)}
+            if clash:
+                name, value = next(iter(clash.items()))
+                raise ValueError(f"worker_local_steps (per-worker H) runs rounds of flat local "
+                                 f"SGD: not with {name}={value!r}")
+            schedule.SyncSchedule(self.topology(), worker_steps=self.worker_local_steps)
         if self.block_gradient_allreduce and self.topology().num_levels < 2:
             raise ValueError(
                 "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
@@ -364,7 +384,11 @@ def _typed(name: str, value: Any, hint: Any) -> Any:
         return value
     elif typing.get_origin(hint) is tuple and isinstance(value, (list, tuple)) and all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return tuple(float(v) for v in value)
+        if typing.get_args(hint)[0] is not int:
+            return tuple(float(v) for v in value)
+        if all(type(v) is int for v in value):
+            return tuple(value)
+        raise ValueError(f"{name}: {value!r} is not a list of integers")
     expected = {float: "a number", int: "an integer", bool: "true or false",
                 str: "a string"}.get(hint, "a list of numbers")
     optional = " or null" if type(None) in args else ""

@@ -147,6 +147,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
         gossip=cfg.gossip,
         streaming=(Streaming(cfg.fragments, cfg.overlap_steps, cfg.fragment_mixing)
                    if cfg.fragments else None),
+        worker_steps=cfg.worker_local_steps,
     )
     local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
     global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum

@@ -51,7 +51,7 @@ PER_RUN = frozenset({
     "local_step_warmup_epochs", "block_gradient_allreduce", "lr", "scale_lr", "base_batch",
     "warmup_epochs", "decay_fractions", "momentum", "momentum_scheme", "global_momentum",
     "nesterov", "weight_decay", "average_buffers", "broadcast_buffers", "average_momentum",
-    "average_compression", "fragments", "overlap_steps", "fragment_mixing",
+    "average_compression", "fragments", "overlap_steps", "fragment_mixing", "worker_local_steps",
     "compression_feedback", "slowmo_frequency", "slowmo_momentum",
     "slowmo_lr", "gossip", "peers_per_step",
     # how a run is computed, not what: the pack decides (batched, packed on CUDA)
