@@ -63,6 +63,8 @@ def test_every_field_that_can_change_results_is_in_the_key():
     base = TrainConfig(**hierarchy)
     # bases where the fields UNUSED_WHEN names are used
     using = {"global_momentum": {"momentum_scheme": "hybrid"},
+             "global_lr": {"momentum_scheme": "hybrid"},
+             "global_nesterov": {"momentum_scheme": "hybrid"},
              "slowmo_momentum": {"slowmo_frequency": 4}, "slowmo_lr": {"slowmo_frequency": 4},
              "compression_feedback": {"average_compression": "int8"},
              "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}

@@ -100,6 +100,12 @@ class TrainConfig:
     global_momentum: float | None = None
     """Momentum of the outer (global/block) step for 'global' and 'hybrid' (App. D.1.2-D.1.3,
     Tables 6-7); None: the same as `momentum`."""
+    global_lr: float = 1.0
+    """Outer learning rate α of the global step for 'global' and 'hybrid' (`localsgd.outer`;
+    App. D.1.2 is α = 1; DiLoCo's outer step uses 0.7)."""
+    global_nesterov: bool = False
+    """Nesterov form of the global step (DiLoCo's outer optimizer, beyond the sources; scaled
+    by the inner lr as App. D.1.2's block momentum is)."""
     nesterov: bool = False
     """Nesterov variant of the local momentum."""
     weight_decay: float = 1e-4
@@ -240,6 +246,10 @@ class TrainConfig:
         if not isinstance(self.compression_feedback, bool):
             raise ValueError(f"compression_feedback={self.compression_feedback!r}: must be "  # noqa: TRY004
                              "true or false")
+        if not isinstance(self.global_nesterov, bool):
+            raise ValueError(f"global_nesterov={self.global_nesterov!r}: must be true or "  # noqa: TRY004
+                             "false")
+        OuterUpdate(0.0, self.global_lr)  # alpha > 0, in its words
         if not isinstance(self.average_momentum, bool):
             raise ValueError(f"average_momentum={self.average_momentum!r}: must be true or "  # noqa: TRY004
                              "false")

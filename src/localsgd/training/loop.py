@@ -153,7 +153,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
     global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum
     outer = None
     if cfg.momentum_scheme in ("global", "hybrid"):
-        outer = OuterUpdate(momentum=global_m)
+        outer = OuterUpdate(momentum=global_m, lr=cfg.global_lr, nesterov=cfg.global_nesterov)
     elif cfg.slowmo_frequency is not None:
         outer = OuterUpdate(momentum=cfg.slowmo_momentum, lr=cfg.slowmo_lr)
 
