@@ -78,10 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     rep.add_argument("--papers", type=Path, default=root / "papers")
     rep.add_argument("--figures", type=Path, default=root / "figures")
     rep.add_argument("--check", action="store_true",
-                     help="write nothing; list every number README, docs/ and papers/*/notes.md "
-                     "quote that differs from figures/ or copies a result outside a generated "
-                     "block or registered quote (localsgd.paper.prose_numbers), and every claim "
-                     "a notebook judges that no papers/*/claims.csv lists; exit 1 if any")
+                     help="write nothing; list every result of figures/ that README, docs/ or "
+                     "papers/*/notes.md copy outside a block this command generates "
+                     "(localsgd.paper.prose_numbers), and every claim a notebook judges that no "
+                     "papers/*/claims.csv lists; exit 1 if any")
 
     b = sub.add_parser("bench", help="benchmarks; `localsgd bench NAME --help` for options")
     b.add_argument("name", choices=sorted(BENCHES))
@@ -374,42 +374,24 @@ def _run_and_report(args: argparse.Namespace, h: Any, specs: list, sets: dict[st
                               jobs=args.jobs, wall_seconds=round(wall, 1))
     papers = args.notebooks.resolve().parent / "papers"
     if not args.no_report and papers.is_dir():  # converged runs: a section of base_dir's
-        ok = args.mode != "smoke" and all(r.status in ("ok", "skipped") for r in results)
-        print(f"report: {_report(papers, base_dir, prose=ok)}")
-        if not ok:
-            print("prose numbers not refreshed (smoke mode or a failed notebook): "
-                  "`localsgd report` refreshes them")
+        print(f"report: {write_report(papers, base_dir)}")
     elif not args.no_report:
         print(f"no {papers} beside the notebooks: REPORT.md not written")
     return _exit_code(results)
 
 
 def _check_prose(papers: Path, figures: Path) -> int:
-    """`localsgd report --check`: stale quoted numbers, unregistered copies of results, and
-    claims a notebook judges that no source's ledger lists."""
+    """`localsgd report --check`: results copied into README, docs/ or notes outside a generated
+    block, and claims a notebook judges that no source's ledger lists."""
     from localsgd.paper import ledger, prose_numbers  # deferred: reads the checkout's figures/
 
-    problems = prose_numbers.stale() + prose_numbers.unlinked() + [
+    problems = prose_numbers.unlinked() + [
         f"claim not in any papers/*/claims.csv: {c!r}"
         for c in ledger.unregistered_claims(papers, figures)]
     for line in problems:
         print(line)
-    print(f"prose numbers: {len(prose_numbers.CHECKS)} registered quotes, "
-          f"{len(problems)} problem(s)")
+    print(f"prose and claims: {len(problems)} problem(s)")
     return 1 if problems else 0
-
-
-def _report(papers: Path, figures: Path, *, prose: bool = True) -> Path:
-    """REPORT.md and README's table (`report.write_report`), then, for the checkout's own
-    figures/ and unless ``prose`` is False (a smoke run, a failed notebook), the numbers
-    README, docs/ and notes quote (`prose_numbers.refresh`)."""
-    from localsgd.paper import prose_numbers  # deferred: reads the checkout's figures/
-
-    path = write_report(papers, figures)
-    if prose and Path(figures).resolve() == prose_numbers.FIG.resolve():
-        for line in prose_numbers.refresh():
-            print(f"prose: {line}")
-    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -437,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             if args.check:
                 return _check_prose(args.papers, args.figures)
-            print(_report(args.papers, args.figures))
+            print(write_report(args.papers, args.figures))
             return 0
         if args.command == "plan":
             return _plan(args)

@@ -779,8 +779,8 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
 def write_report(papers_dir: Path, figures_dir: Path, out: Path | None = None,
                  readme: Path | None = None) -> Path:
     """Write REPORT.md; also refresh the README's claims table (``readme``, or the
-    ``README.md`` beside a folder named ``figures``) when that README has the markers. The
-    numbers prose quotes are refreshed by the command (`localsgd.paper.cli`), not here."""
+    ``README.md`` beside a folder named ``figures``) when that README has the markers. Prose
+    quotes no result outside these generated blocks (`localsgd.paper.prose_numbers` checks)."""
     out = out or figures_dir / "REPORT.md"
     path = write_text(out, render(papers_dir, figures_dir))
     if readme is None and Path(figures_dir).name == "figures":
