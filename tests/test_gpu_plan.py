@@ -61,6 +61,7 @@ PAPER_RUNS = {  # runs per notebook in paper mode, from the notebooks' grids
     "table03_topologies": 3 * 5 * 3,           # topologies x (H, H^b) x seeds
     "table05_models": 2 * 3 * 2 * 3,           # datasets x models x Hs x seeds
     "table06_07_momentum": (12 + 6) * 1,       # Table 6 + Table 7 cells, 1 seed
+    "comm_quality": 6 * 3,                     # variants (3 formats) x seeds
 }
 
 

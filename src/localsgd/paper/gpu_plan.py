@@ -286,17 +286,17 @@ def _seeds(p: dict) -> list[int]:
 
 @dataclass(frozen=True)
 class _Grid:
-    """A notebook's grid: ``configs(P, seeds)`` of ``module`` (``lin2020.<artifact>`` or
-    ``slowmo`` in `localsgd.paper.experiments`), the function the notebook itself calls, given
+    """A notebook's grid: ``configs(P, seeds)`` of ``module`` (``lin2020.<artifact>``,
+    ``slowmo`` or ``comm_quality`` in `localsgd.paper.experiments`), the function the notebook itself calls, given
     the notebook's parameters as a dict; the configs alone where it also returns labels."""
 
     module: str
 
     def __call__(self, p: dict[str, Any]) -> list:
         # deferred: the plan imports no torch until a grid is built
-        from localsgd.paper.experiments import lin2020, slowmo
+        from localsgd.paper.experiments import comm_quality, lin2020, slowmo
 
-        source = slowmo if self.module == "slowmo" else getattr(
+        source = {"slowmo": slowmo, "comm_quality": comm_quality}.get(self.module) or getattr(
             lin2020, self.module.removeprefix("lin2020."))
         built = source.configs(types.SimpleNamespace(**p), _seeds(p))
         return built[0] if isinstance(built, tuple) else built  # (configs, labels)
@@ -311,7 +311,8 @@ _GRIDS = {nb: _Grid(module) for nb, module in {
     "fig08_imagenet": "lin2020.fig08", "fig09_hierarchical": "lin2020.fig09",
     "fig10_cifar100": "lin2020.fig10", "table01_large_batch": "lin2020.table01",
     "table03_topologies": "lin2020.table03", "table05_models": "lin2020.table05",
-    "table06_07_momentum": "lin2020.table06_07", "slowmo": "slowmo"}.items()}
+    "table06_07_momentum": "lin2020.table06_07", "slowmo": "slowmo",
+    "comm_quality": "comm_quality"}.items()}
 
 # Notebooks that train no network in paper mode, and why they cost no GPU-hours here.
 NO_GPU = {

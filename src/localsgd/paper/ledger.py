@@ -22,7 +22,7 @@ TESTED, NEVER, UNAVAILABLE = "tested", "never tested", "data unavailable"
 STATUSES = (TESTED, NEVER, UNAVAILABLE)
 UNJOINED = "tested, no verdict committed"
 CONVERGED = "converged proxy"
-OWN_ARTIFACTS = {"Timing model vs runner"}  # this project's own claims: no source to list them
+OWN_ARTIFACTS = {"Timing model vs runner", "Communication vs quality"}  # this project's own claims: no source to list them
 
 
 def load_ledger(papers_dir: Path) -> pd.DataFrame:

@@ -250,6 +250,14 @@ RULES: dict[str, Rule] = {
         and _is_number(v.get("width")) and v["width"] > 0 and _is_int(v.get("batch"))
         and v["batch"] >= 1,
         "a dict {model: 'resnet20', 'mlp' or 'embedding', width: > 0, batch: >= 1}")),
+    # comm_quality: DiLoCo's outer step, streaming fragments, formats, links
+    "outer_lr": number(0.0),
+    "outer_momentum": number(0.0, inclusive=True, maximum=0.99),
+    "fragments": integer(1),
+    "overlap": integer(0),
+    "formats": list_of(one_of("bf16", "fp16", "fp8", "int8", "int4"), empty="no codes"),
+    "link_gbps": list_of(number(0.0)),
+    "target_drop": number(0.0, inclusive=True),
     # timing_validation (the runner's emulated compute and stragglers) and explore_stragglers
     "compute_ms": number(0.0),
     "straggler_rate": number(0.0, inclusive=True, maximum=1.0),

@@ -33,7 +33,8 @@ PARTIAL_MODES = ("converged",)
 # step-time benchmarks): under ``--jobs`` they still run one at a time with every core, since
 # a notebook running beside them would slow them unevenly (two vCPUs are often one core's
 # hyper-threads). The others report accuracies, step counts or modelled times.
-TIMED = frozenset({"dynamo_ddp", "timing_validation", "slowmo", "fig06_cifar10_local_sgd",
+TIMED = frozenset({"dynamo_ddp", "timing_validation", "slowmo", "comm_quality",
+                   "fig06_cifar10_local_sgd",
                    "fig07_scaling", "fig08_imagenet", "fig09_hierarchical"})
 # Injected by the harness into every notebook; YAML files must not set them.
 RESERVED = ("mode", "out_dir")

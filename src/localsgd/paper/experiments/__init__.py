@@ -10,6 +10,8 @@ every claim's verdict; notebooks call these):
 * `localsgd.paper.experiments.dynamo`: the TorchDynamo + DDP update's claims (`localsgd.paper.bench.ddp`).
 * `localsgd.paper.experiments.hsgd_blog`: the PyTorch hierarchical-SGD blog's benchmark schemes.
 * `localsgd.paper.experiments.timing_validation`: the wall-clock model against real torchrun runs.
+* `localsgd.paper.experiments.comm_quality`: beyond the sources, communication against quality
+  (DiLoCo, streaming DiLoCo, compressed averages beside local SGD).
 * `localsgd.paper.experiments.convex`: §3.4's time model and the Figure 4 / 5 sweeps over the convex
   simulator (`localsgd.convex`).
 """
