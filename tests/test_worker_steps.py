@@ -145,3 +145,21 @@ def test_train_runs_it_and_a_pack_keeps_it(tmp_path):
                           torch.tensor(alone[cols].to_numpy()), rtol=0, atol=1e-9)
     plain = train(dataclasses.replace(cfg, worker_local_steps=None), dataset=ds, progress=False)
     assert plain["test_loss"].iloc[-1] != alone["test_loss"].iloc[-1]  # the idle updates acted
+
+
+def test_the_command_line_takes_one_h_per_worker():
+    """``--worker-local-steps "[4, 2]"`` (or ``4,2``) is a tuple of integers, ``none`` none; a
+    float tuple field keeps its floats (the parser once turned an optional tuple's text into a
+    tuple of characters)."""
+    import typing
+
+    from localsgd.training.runner_args import _field_parser
+
+    hints = typing.get_type_hints(TrainConfig)
+    parse = _field_parser(hints["worker_local_steps"])
+    assert parse("[4, 2]") == (4, 2) and parse("4,2") == (4, 2) and parse("none") is None
+    with pytest.raises(ValueError):
+        parse("4,2.5")
+    assert _field_parser(hints["decay_fractions"])("0.5,0.75") == (0.5, 0.75)
+    assert _field_parser(hints["block_size"])("none") is None
+    assert _field_parser(hints["block_size"])("2") == 2

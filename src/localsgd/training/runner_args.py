@@ -40,11 +40,12 @@ def _field_parser(hint: Any) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(
                 f"{text!r} is not a boolean (true/false{'' if hint is bool else '/auto'})")
         return parse_bool
-    if typing.get_origin(hint) is tuple:
-        return lambda text: tuple(float(v) for v in text.split(",") if v.strip())
     if type(None) in args:
-        inner = next(a for a in args if a is not type(None))
+        inner = _field_parser(next(a for a in args if a is not type(None)))
         return lambda text: None if text.lower() == "none" else inner(text)
+    if typing.get_origin(hint) is tuple:  # "0.5,0.75" or "[4, 2]"
+        kind = int if typing.get_args(hint)[0] is int else float
+        return lambda text: tuple(kind(v) for v in text.strip("[]() ").split(",") if v.strip())
     return hint
 
 
