@@ -67,6 +67,16 @@ def test_a_match_holds_fails_or_stays_open_by_the_rule():
                    "DiLoCo vs local SGD": "inconclusive at this scale"}
 
 
+def test_a_much_better_variant_does_not_match_either():
+    # "matches within half a point" is two-sided: three points better is no match
+    final = _final({"int8 averages": [3.0, 3.1, 2.9]})
+    row = cq.comm_claims(final, mode="quick", names=[cq.LOCAL, "int8 averages"])[0]
+    assert row["verdict"].startswith("did not hold") and "<= 0.5" in row["verdict"]
+    held = cq.comm_claims(_final({"int8 averages": [0.1, -0.05, 0.0, 0.05]}), mode="quick",
+                          names=[cq.LOCAL, "int8 averages"])[0]["verdict"]
+    assert held.startswith("held") and "both inside ±0.5 points" in held
+
+
 def test_streaming_is_judged_against_diloco_not_local_sgd():
     # streaming loses 2 points to local SGD but ties DiLoCo, which loses 2 too
     final = _final({cq.DILOCO: [-2.0, -2.1, -2.0], STREAM: [-2.0, -2.05, -1.95]})

@@ -326,3 +326,32 @@ def test_a_streaming_scheme_that_cannot_run_says_why():
     plan = Scheme.from_train_config(cfg, steps_per_epoch=10).plan(2, 1, 8)
     assert plan["fragment"].tolist() == [0, 2, 0, 2, 0, 2, 0, 2]
     assert plan["merge"].tolist() == [0, 0, 1, 0, 1, 0, 1, 0]
+
+
+def test_a_config_s_fragments_cost_what_the_stream_scheme_s_cost():
+    """P comes from the plan: a scheme built from a config (kind "schedule") once priced each
+    fragment as the whole model (39 s here against 10 s)."""
+    from localsgd.timing.cluster import Cluster
+    from localsgd.timing.scheme import Scheme
+    from localsgd.timing.simulate import simulate
+
+    cfg = TrainConfig(world_size=4, local_steps=8, fragments=4, overlap_steps=0)
+    df = simulate([Scheme.from_train_config(cfg, 10, name="config"), "stream:8,4,0"],
+                  workers=4, steps=64, cluster=Cluster(gpus_per_node=1, inter_gbps=1.0),
+                  compute_ms=10.0, model_mb=100.0, baseline=False)
+    assert df.seconds.iloc[0] == pytest.approx(df.seconds.iloc[1])
+
+
+def test_averages_in_flight_take_turns_on_the_link():
+    """Fragments launched while others travel wait for the link: no overlap makes a run
+    faster than its merged bytes at line rate (it once modelled 16 s for 120 s of bytes)."""
+    from localsgd.timing.cluster import Cluster
+    from localsgd.timing.simulate import simulate
+
+    cluster = Cluster(gpus_per_node=1, inter_gbps=1.0, latency_s=0.0)
+    df = simulate(["local:8", "stream:8,4,2", "stream:8,8,7"], workers=4, steps=800,
+                  cluster=cluster, compute_ms=10.0, model_mb=100.0, baseline=False)
+    per_average = cluster.allreduce_seconds(4, 100e6, 4)  # 1.5 s: 150 MB at 1 Gbit/s
+    for row in df.itertuples():
+        # 100 rounds; every fragment but those of the last round is merged before the end
+        assert row.seconds >= 99 * per_average, row.scheme

@@ -248,8 +248,10 @@ class SyncSchedule:
             if h > period:
                 raise ValueError(f"worker_steps[{k}]={h} > {period}, the round between global "
                                  "averages: a worker makes at most one update per step")
+        periodic_outer = self.outer_period not in (None, "global")  # SlowMo's own period
         bad = {k: v for k, v in {"torch_compat": self.torch_compat, "gossip": self.gossip,
                                  "streaming": self.streaming,
+                                 "outer_period": self.outer_period if periodic_outer else None,
                                  "local_step_warmup_epochs": self.local_step_warmup_epochs,
                                  "post_local_gradient_allreduce":
                                      self.post_local_gradient_allreduce}.items() if v}

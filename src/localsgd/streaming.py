@@ -126,6 +126,13 @@ class FragmentSync:
             value = torch.lerp(new.expand_as(local), local, self.spec.mixing)
         self.comm.write_tensors(*self.bounds[p], value)
 
+    def finish(self) -> None:
+        """Wait for the averages still in flight, without merging them (training stops: the
+        run ends as it is); call before tearing down a process group."""
+        for wait, _ in self.pending.values():
+            wait()
+        self.pending.clear()
+
     def state_dict(self) -> dict:
         """References, outer states and the averages in flight (waited for: a checkpoint lies
         between updates, so a resumed run merges what the uninterrupted one would)."""

@@ -354,7 +354,8 @@ class DDPEngine(ScheduledWorkers):
             "avg_bytes": self._average_bytes(level) if level is not None else 0,
             "outer": bool(action.outer), "idle": self.rank in action.idle,
             # streaming fragment sync: the fragment launched (its codes' bytes) and the one
-            # merged, with the host's wait for its average (short when it travelled meanwhile)
+            # merged, with the host's wait for its average (short when it travelled meanwhile;
+            # under NCCL wait() does not block the host, so there it is ~0 whatever the overlap)
             "fragment": action.fragment, "merge": action.merge,
             "fragment_bytes": (self._fragment_bytes(action.fragment)
                                if action.fragment is not None else 0),
@@ -363,7 +364,8 @@ class DDPEngine(ScheduledWorkers):
         }
         self._timeline.append(row)
         if gpu:  # read at the record (or whenever the timeline is), not now: no wait per update
-            self._unread.append((row, marks, synced))
+            # (a streamed fragment's launch and merge are after the step, as a sync is)
+            self._unread.append((row, marks, synced or streamed))
         loss = loss.detach().reshape(1)
         if stats is not None:
             c = count_correct(out, y, 1)

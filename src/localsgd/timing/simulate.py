@@ -79,9 +79,10 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
 
     Streamed fragments (plans' ``fragment`` / ``merge``; ``fragment_cost[c]``: seconds of one
     fragment's world average): a launch does not stop the workers; its average starts when the
-    last of them launches and is ready ``fragment_cost`` later; the merge (in launch order)
-    waits until then. The part of that wait no longer than the average's cost counts as
-    communication, the rest as waiting; averages in flight do not share bandwidth."""
+    last of them launches and the link is free of the averages launched before it (one link:
+    averages in flight take their turns), and is ready ``fragment_cost`` later; the merge (in
+    launch order) waits until then. The part of that wait no longer than the average's cost
+    counts as communication, the rest as waiting."""
     n_cfg, workers = len(plans), work.shape[1]
     clock = np.zeros(n_cfg * workers)
     wait = np.zeros_like(clock)
@@ -103,6 +104,7 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
     if streamed.any() and fragment_cost is None:
         raise ValueError("plans with streamed fragments need fragment_cost (seconds per config)")
     in_flight: list[list[float]] = [[] for _ in range(n_cfg)]  # ready times, launch order
+    link_free = np.zeros(n_cfg)  # when each configuration's link has sent what it was given
     grid = clock.reshape(n_cfg, workers)  # a view: adding a step's work broadcasts over configs
     rows = np.arange(n_cfg)[:, None] * workers
     if queue is not None:
@@ -135,7 +137,9 @@ def run_clocks(plans: list[dict[str, np.ndarray]], work: np.ndarray, grad_cost: 
             for c in np.flatnonzero((frag[i] > 0) | (merge[i] > 0)):
                 seg = slice(c * workers, (c + 1) * workers)
                 if frag[i, c]:
-                    in_flight[c].append(float(clock[seg].max()) + float(fragment_cost[c]))
+                    start = max(float(clock[seg].max()), float(link_free[c]))
+                    link_free[c] = start + float(fragment_cost[c])
+                    in_flight[c].append(float(link_free[c]))
                 if merge[i, c]:
                     exposed = np.maximum(in_flight[c].pop(0) - clock[seg], 0.0)
                     talk = np.minimum(exposed, fragment_cost[c])
@@ -312,8 +316,10 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     depths = [sync_q if sc.kind == "sync" else queue_steps for sc in run]
     queue = (compute, stall, queued_fraction, depths) if max(depths) > 1 else None
     # a streamed fragment: 1/P of the model averaged by the world
-    fragment_cost = np.array([cluster.allreduce_seconds(workers, avg_bytes / max(1, sc.fragments),
-                                                        workers) for sc in run])
+    # a streamed fragment: 1/P of the model averaged by the world (P from the plan: a "stream"
+    # scheme or a schedule, e.g. `Scheme.from_train_config`, alike)
+    fragment_cost = np.array([cluster.allreduce_seconds(
+        workers, avg_bytes / max(1, int(plan["fragment"].max())), workers) for plan in plans])
     res = run_clocks(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue,
                      fragment_cost)
 
