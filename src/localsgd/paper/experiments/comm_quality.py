@@ -41,11 +41,10 @@ def variants(P) -> dict[str, dict]:
     ``P.formats`` sends local SGD's averages as codes with error feedback."""
     diloco = {"momentum_scheme": "hybrid", "global_momentum": P.outer_momentum,
               "global_lr": P.outer_lr, "global_nesterov": True}
-    out = {LOCAL: {}, DILOCO: diloco,
-           f"streaming DiLoCo (P = {P.fragments}, τ = {P.overlap})": {
+    # local SGD and its codes first: a converged grid cut short keeps their pairs whole
+    out = {LOCAL: {}, **{f"{fmt} averages": {"average_compression": fmt} for fmt in P.formats},
+           DILOCO: diloco, f"streaming DiLoCo (P = {P.fragments}, τ = {P.overlap})": {
                **diloco, "fragments": P.fragments, "overlap_steps": P.overlap}}
-    for fmt in P.formats:
-        out[f"{fmt} averages"] = {"average_compression": fmt}
     return out
 
 
