@@ -498,14 +498,15 @@ def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
                         "ours": fmt_number(pd.to_numeric(r["ours"], errors="coerce")),
                         "scale": _scale_label(r),
                         "verdict": "reproduced" if r["status"] == STATUS_FULL
-                        else "differs (see notes)"})
+                        else f"differs (see papers/{source}/notes.md)"})
                 continue
-            rows.append({"claim": f"{name}: the source's numbers",
+            rows.append({"claim": f"{name}: the source's counted numbers (no training)",
                          "the paper's value": f"{len(done)} numbers",
                          "ours": f"{same} of {len(done)} within tolerance",
                          "scale": _scale_label(done.iloc[0]),
                          "verdict": "reproduced" if same == len(done)
-                         else f"{len(done) - same} of {len(done)} differ (see notes)"})
+                         else f"{len(done) - same} of {len(done)} differ (see "
+                         f"papers/{source}/notes.md)"})
     for _, c in own_claims(papers_dir, figures_dir).iterrows():
         ours = fmt_number(pd.to_numeric(c["ours"], errors="coerce"), 3)
         rows.append({"claim": f"{OWN_LABEL}, {c['artifact']}: {_short(plain(c['claim']))}",
