@@ -42,6 +42,7 @@ from localsgd.collectives import (
     contiguous_blocks,
     float_buffers,
     optimizer_state_tensors,
+    per_element_state,
 )
 from localsgd.compression import Compression, ErrorFeedback, compressed_average
 
@@ -241,10 +242,6 @@ def average_parameters(params: Iterable[torch.Tensor],
 # --------------------------------------------------------------------------- communicator
 
 
-def _per_row(value: object) -> bool:
-    """Optimizer state kept per parameter element (momentum, moments), not a step count."""
-    return torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0
-
 
 class DistributedCommunicator:
     """``localsgd.schedule.Communicator`` over torch.distributed: this process is one worker.
@@ -410,7 +407,7 @@ class DistributedCommunicator:
         flat = self.flat_params()
         params, buffers = flat.clone(), [b.clone() for b in float_buffers(self.model)]
         opt = self.optimizer
-        saved = {p: {k: v.clone() for k, v in opt.state.get(p, {}).items() if _per_row(v)}
+        saved = {p: {k: v.clone() for k, v in opt.state.get(p, {}).items() if per_element_state(v)}
                  for p in self.params} if opt is not None else {}
 
         @torch.no_grad()
@@ -420,9 +417,9 @@ class DistributedCommunicator:
                 b.copy_(before)
             for p, before in saved.items():
                 for key, value in opt.state.get(p, {}).items():
-                    if _per_row(value) and key in before:
+                    if per_element_state(value) and key in before:
                         value.copy_(before[key])
-                    elif _per_row(value):
+                    elif per_element_state(value):
                         value.zero_()
 
         return restore

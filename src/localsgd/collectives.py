@@ -29,6 +29,7 @@ __all__ = [
     "contiguous_blocks",
     "float_buffers",
     "optimizer_state_tensors",
+    "per_element_state",
 ]
 
 # --------------------------------------------------------------------------- flat buffers
@@ -238,6 +239,11 @@ class TensorSet:
 def float_buffers(module: nn.Module | None) -> list[torch.Tensor]:
     """Floating-point buffers (BatchNorm running mean/var; not ``num_batches_tracked``)."""
     return [] if module is None else [b for b in module.buffers() if b.is_floating_point()]
+
+
+def per_element_state(value: object) -> bool:
+    """Optimizer state kept per parameter element (momentum, moments), not a step count."""
+    return torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer | None,

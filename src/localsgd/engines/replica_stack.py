@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from localsgd import gossip as gossip_mod
+from localsgd.collectives import per_element_state
 from localsgd.compression import Compression, ErrorFeedback, mean_of_rows
 from localsgd.topology import Topology
 
@@ -366,7 +367,7 @@ class ReplicaCommunicator:
         else:
             owned = [(self.optimizers[k], col[k]) for k in workers for col in self._slots]
         saved = [(opt, p, {key: value.index_select(0, rows) if self._stacked else value.clone()
-                           for key, value in opt.state.get(p, {}).items() if _per_row(value)})
+                           for key, value in opt.state.get(p, {}).items() if per_element_state(value)})
                  for opt, p in owned]
 
         @torch.no_grad()
@@ -376,7 +377,7 @@ class ReplicaCommunicator:
                 stack.index_copy_(0, rows, before)
             for opt, p, before in saved:
                 for key, value in opt.state.get(p, {}).items():
-                    if not _per_row(value):
+                    if not per_element_state(value):
                         continue
                     old = before.get(key)
                     if self._stacked:
@@ -435,10 +436,6 @@ class ReplicaCommunicator:
         if self.compression is not None:
             _load_compression_state(state, self._comp_refs, self._comp_feedback)
 
-
-def _per_row(value: object) -> bool:
-    """Optimizer state kept per parameter element (momentum, moments), not a step count."""
-    return torch.is_tensor(value) and value.is_floating_point() and value.dim() > 0
 
 
 def _compression_state(refs: dict, feedback: dict) -> dict:
