@@ -201,10 +201,10 @@ def test_replicas_that_do_not_fit_stop_before_training_with_the_largest_k():
 
     cfg = TrainConfig(model="resnet20", width=0.25, world_size=8, local_batch=32, batched=True)
     shape = (3, 32, 32)
-    check_replica_memory(cfg, 10, shape, free_bytes=64 << 30)  # plenty: no error
+    check_replica_memory(cfg, 10, shape, free_bytes=64 << 30, batched=True)  # plenty: no error
     with pytest.raises(ValueError, match=r"8 batched replicas of resnet20 .* at most (\d) fit"):
         check_replica_memory(cfg, 10, shape, free_bytes=(1 << 30) + (40 << 20),
-                             reserve_bytes=1 << 30)
+                             reserve_bytes=1 << 30, batched=True)
     # sequential replicas keep one replica's activations: more of them fit in the same memory
     from localsgd import memory
     from localsgd.models import build_model

@@ -152,20 +152,18 @@ def plan_run(cfg: TrainConfig, runner: str = "replicas", *,
 
 def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[int, ...],
                          free_bytes: int, reserve_bytes: int = 1 << 30, *,
-                         batched: bool | None = None) -> None:
+                         batched: bool) -> None:
     """Raise a ValueError naming the largest K that fits when the replica engine's K replicas
     (`localsgd.memory`'s estimate: parameters, gradients, optimizer and outer state, buffers,
-    inputs, activations at B_loc; ``batched`` or sequential, default as `use_batched` chooses
-    on CUDA) need more than ``free_bytes`` less ``reserve_bytes`` (the CUDA context and
-    allocator slack)."""
+    inputs, activations at B_loc; ``batched``: the plan's engine, vmapped, or the sequential
+    one) need more than ``free_bytes`` less ``reserve_bytes`` (the CUDA context and allocator
+    slack)."""
     dtype = getattr(torch, cfg.dtype)
 
     def model_fn() -> nn.Module:
         return models_mod.build_model(cfg.model, num_classes=num_classes, width=cfg.width)
 
     outer = cfg.momentum_scheme in ("global", "hybrid") or cfg.slowmo_frequency is not None
-    if batched is None:
-        batched = use_batched(cfg, torch.device("cuda"))  # this check runs for CUDA runs
     kw = {"batched": batched, "outer": outer,
           "optimizer": "sgd_momentum" if cfg.momentum > 0 else "sgd"}
     need = memory_mod.estimate_replica_memory(model_fn, cfg.world_size, cfg.local_batch,
