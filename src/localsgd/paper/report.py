@@ -553,11 +553,12 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
                 break
         lines.append(line)
     untested = led[led["scale"] == ""]["outcome"].value_counts()
+    waiting = int(untested.get(ledger_mod.UNJOINED, 0))
     lines.append(
         f"**Not judged**: {int(untested.get(ledger_mod.NEVER, 0))} claims never tested, "
         f"{int(untested.get(ledger_mod.UNAVAILABLE, 0))} need data not here (ImageNet, "
-        f"CIFAR-100), {int(untested.get(ledger_mod.UNJOINED, 0))} await a committed verdict; "
-        + ("nothing ran at the paper's own GPU scale." if not any(
+        "CIFAR-100)" + (f", {waiting} ran but have no verdict committed yet" if waiting else "")
+        + "; " + ("no claim is judged at the paper's own GPU scale yet." if not any(
             (Path(figures_dir) / "paper" / "campaign").glob("*/*.compare.csv"))
            else "the campaign's paper-scale GPU runs are counted under full scale."))
     return lines
