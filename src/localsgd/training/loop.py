@@ -135,6 +135,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
     period, SGP), the local momentum of ``momentum_scheme`` (App. D), weight decay off the
     BatchNorm coefficients (§4.1) and §4.2.1's lr schedule with App. C's tricks."""
     steps_per_epoch, _ = update_counts(cfg, n_train)
+    lrs = lr_schedule(cfg, n_train)
     dtype = getattr(torch, cfg.dtype)
     schedule = SyncSchedule(
         cfg.topology(),
@@ -168,7 +169,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=local_m, dampening=0.0,
                                nesterov=cfg.nesterov and local_m > 0)
 
-    return EngineParts(model_fn, schedule, optimizer_fn, outer, lr_schedule(cfg, n_train),
+    return EngineParts(model_fn, schedule, optimizer_fn, outer, lrs,
                        cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum,
                        None if cfg.average_compression == "fp32" else Compression(
                            cfg.average_compression, feedback=cfg.compression_feedback),
@@ -307,6 +308,8 @@ def train(
     """
     if plan is None:  # a bad device fails here, before any data is loaded
         plan = plan_run(cfg, "given" if engine is not None else "replicas")
+    # the plan's process-wide settings: float32 matmul precision, deterministic kernels, threads
+    numerics.apply_numerics(plan.precision, plan.deterministic, plan.device)
     saved_threads = torch.get_num_threads()
     if plan.threads:
         torch.set_num_threads(1)
@@ -335,11 +338,10 @@ def _resume(state: dict, engine: Engine, plan: RunPlan, asked: TrainConfig,
 def _train(asked: TrainConfig, plan: RunPlan, dataset, checkpoint_path, checkpoint_every,
            resume, progress, on_step, engine, checkpoint_every_steps, limit,
            on_phases) -> pd.DataFrame:
-    """`train`'s body, with torch's threads already set for ``plan.threads`` (0: left alone);
+    """`train`'s body, with torch's threads (``plan.threads``; 0: left alone) and numerics set;
     ``asked``: the config as asked (checkpoints keep it, a resume compares with it)."""
     t_start = time.perf_counter()
     device = plan.device
-    numerics.apply_numerics(plan.precision, plan.deterministic, device)
     ds = dataset if dataset is not None else load_dataset(asked)
     source = (StreamedBatches(ds, asked, device) if isinstance(ds, data_mod.ImageFolders)
               else MemoryBatches(ds, asked, device))
