@@ -85,3 +85,43 @@ def test_host_clock_rows_keep_the_timestamp_rule():
     df = split_waiting(pd.DataFrame(rows), [2]).set_index("rank")
     assert df.loc[0, "wait_s"] == pytest.approx(0.2) and df.loc[1, "wait_s"] == 0
     assert df["comm_s"].tolist() == pytest.approx([0.1, 0.1])
+
+
+def _streamed_updates(rank, world, fake_gpu):
+    from localsgd.engines.ddp import DDPEngine
+    from localsgd.schedule import Streaming, SyncSchedule
+    from localsgd.topology import Topology
+
+    # H = 2, two fragments (the weight, the bias), each merged one update after its launch
+    schedule = SyncSchedule(Topology.from_paper(world, 2), streaming=Streaming(2, 1, 0.5))
+    engine = DDPEngine(lambda: nn.Linear(3, 2), schedule, lambda ps: torch.optim.SGD(ps, lr=0.1),
+                       seed=0)
+    if fake_gpu:
+        engine._clock = FakeGPUClock(rank)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(6):
+        engine.step([(torch.randn(4, 3, generator=g), torch.randint(0, 2, (4,), generator=g))],
+                    nn.functional.cross_entropy, stats={}, sync=False)
+    return engine.timeline
+
+
+@pytest.mark.parametrize("fake_gpu", [False, True], ids=["host clock", "cuda events"])
+def test_a_streamed_step_books_its_launch_and_merge_as_communication(fake_gpu):
+    rows = [row for timeline in spawn(_streamed_updates, 2, fake_gpu) for row in timeline]
+    df = split_waiting(pd.DataFrame(rows), [2])
+    streamed = df["fragment"].notna() | df["merge"].notna()
+    assert streamed.sum() >= 4 and df["avg_level"].isna().all()  # fragments only, no average
+    # every step's time is split whole: compute, then waiting and communication
+    assert (df["compute_s"] + df["wait_s"] + df["comm_s"]).tolist() == \
+        pytest.approx(df["wall_s"].tolist(), abs=1e-9)
+    assert (df.loc[streamed, "comm_stream_s"] > 0).all()
+    assert (df.loc[~streamed, "comm_stream_s"] == 0).all()
+    if fake_gpu:  # the GPU's time after the optimizer step is the streamed communication
+        for rank, part in df[streamed].groupby("rank"):
+            assert part["comm_stream_s"].tolist() == pytest.approx([AVERAGE[rank]] * len(part))
+            assert part["compute_s"].tolist() == pytest.approx([COMPUTE[rank]] * len(part))
+    s = timing_summary(df, [2])
+    assert s["compute_share"] + s["wait_share"] + s["comm_share"] == pytest.approx(1.0)
+    # the bytes the world level moved are the fragments' launched (float32 weight and bias)
+    assert s["bytes_l0"] == int(df["fragment_bytes"].sum()) > 0
+    assert set(df.loc[df["fragment"].notna(), "fragment_bytes"]) == {6 * 4, 2 * 4}

@@ -90,7 +90,7 @@ def test_five_verdict_lines_of_at_most_40_words(checkout):
     assert all(len(line.split()) <= report.MAX_WORDS for line in lines), lines
     assert lines[2].startswith("**Quick mode** (1 claim): held 1 (Table 1).")
     assert "1 claims never tested, 1 need data not here" in lines[4]
-    assert "1 ran but have no verdict committed yet" in lines[4]
+    assert "1 ran without a committed verdict yet" in lines[4]
 
 
 def test_a_long_line_drops_names_before_it_passes_40_words(tmp_path):

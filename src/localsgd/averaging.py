@@ -242,7 +242,6 @@ def average_parameters(params: Iterable[torch.Tensor],
 # --------------------------------------------------------------------------- communicator
 
 
-
 class DistributedCommunicator:
     """``localsgd.schedule.Communicator`` over torch.distributed: this process is one worker.
 

@@ -6,13 +6,19 @@ Run once on 2026-11-29 (figures/gpu/README.md, "Call 18's runs kept under today'
 
 Call 18 (commit 380cee0) wrote its 12 cache entries (`h100/converged/call18_table01/`) under the
 former key, a hash of the library's definitions; runs are keyed by meaning now
-(`localsgd.training.results_key`). The CPU's kept Table 1 runs were re-keyed the same way without
-retraining (commit cc703aa: the golden records of the library after 380cee0 and of the keyed one
-are bitwise equal, and no later change bumped `RESULTS_VERSION`). Each entry's records are copied
-unchanged; its ``.json`` keeps what the GPU wrote (library hash, commit) and gains the results
-version and a ``rekeyed`` note. The folder written is the kept-runs folder a render with
+(`localsgd.training.results_key`). The evidence that the arithmetic those runs depend on has not
+changed since is the CPU's, by a chain: 380cee0 -> 4d91cb5 and -> 1e34512 (CPU records bitwise
+unchanged, two runs checked at each), 1e34512 -> cc703aa (golden records bitwise equal; the CPU's
+kept Table 1 runs were re-keyed there without retraining), and `RESULTS_VERSION` never bumped
+since (the golden test fails when numbers change without a bump). It covers the CPU's float32
+arithmetic, not CUDA's TF32 / cuDNN kernels, which are not bitwise repeatable run to run anyway
+(figures/gpu/README.md, call 18). Each entry's records are copied unchanged; its ``.json`` held
+only ``name`` and ``params`` (no library hash or commit was recorded then): the parameters are
+written as today's whole config (fields added since at their defaults), with the results version
+and a ``rekeyed`` note. The folder written is the kept-runs folder a render with
 ``--out-dir figures/gpu/h100`` reads (`localsgd reproduce` keeps converged runs in
-``<out-dir>/converged/runs``).
+``<out-dir>/converged/runs``); the proof that the keys serve is that render, which trained
+nothing.
 """
 
 from __future__ import annotations

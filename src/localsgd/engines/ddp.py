@@ -213,7 +213,7 @@ class DDPEngine(ScheduledWorkers):
         self._avg_bytes = avg_bytes
         self._timeline: list[dict] = []
         # CUDA: rows whose event times are not read yet (marks, synced), resolved together
-        self._unread: list[tuple[dict, list, bool]] = []
+        self._unread: list[tuple[dict, list, bool, bool]] = []
 
     @property
     def timeline(self) -> list[dict]:
@@ -231,15 +231,16 @@ class DDPEngine(ScheduledWorkers):
         return [row["compute_s"]]
 
     def _read_events(self) -> None:
-        for row, marks, synced in self._unread:
+        for row, marks, synced, streamed in self._unread:
             # the GPU's own time: forward, backward and the optimizer step, including the
             # wait for DDP's gradient all-reduce, which blocks the compute stream at the end of
             # backward (not separable on one stream: counted as compute, once); then the model
             # average. The first read waits for the last event; the others are done by then.
             compute, after = self._clock.seconds([[(marks[0], marks[1])], [(marks[1], marks[2])]])
             row["wall_s"] = compute + after  # so compute <= wall, as on a CPU
-            row["compute_s"] = compute if synced else compute + after
+            row["compute_s"] = compute if synced or streamed else compute + after
             row["avg_dur_s"] = after if synced else None
+            row["stream_s"] = after if streamed and not synced else 0.0
         self._unread.clear()
 
     # -- the surface train() uses ----------------------------------------------------------------
@@ -361,11 +362,14 @@ class DDPEngine(ScheduledWorkers):
                                if action.fragment is not None else 0),
             "merge_wait_s": (self.driver.streaming.last_wait_s if action.merge is not None
                              else None),
+            # the host's time in the launch, the merge (its wait included) and the mixing:
+            # the communication a streamed step did not hide (`split_waiting` books it as such)
+            "stream_s": end - opt_end if streamed and not synced else 0.0,
         }
         self._timeline.append(row)
         if gpu:  # read at the record (or whenever the timeline is), not now: no wait per update
             # (a streamed fragment's launch and merge are after the step, as a sync is)
-            self._unread.append((row, marks, synced or streamed))
+            self._unread.append((row, marks, synced, streamed))
         loss = loss.detach().reshape(1)
         if stats is not None:
             c = count_correct(out, y, 1)

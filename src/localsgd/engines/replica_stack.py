@@ -437,7 +437,6 @@ class ReplicaCommunicator:
             _load_compression_state(state, self._comp_refs, self._comp_feedback)
 
 
-
 def _compression_state(refs: dict, feedback: dict) -> dict:
     """References and residuals of compressed averaging, per level (a checkpoint's part)."""
     return {"refs": {lv: r.clone() for lv, r in refs.items()},

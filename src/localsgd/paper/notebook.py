@@ -468,8 +468,8 @@ class Session:
 
     ``nb = notebook.Session(P)`` right after ``P = notebook.params(globals())``; ``nb.seeds`` are
     ``seed, seed + 1, ... seed + n_seeds - 1`` (``[seed]`` without ``n_seeds``), ``nb.scale`` is
-    "full" in paper mode, "converged" in converged mode (a small proxy trained to its plateau
-    with the paper's protocol) and "reduced" otherwise (``scale=`` overrides it, e.g. "model" for a
+    "full" in paper mode, "converged" in converged mode (a small proxy trained for a fraction
+    of the paper's epochs with its protocol) and "reduced" otherwise (``scale=`` overrides it, e.g. "model" for a
     timing-model prediction); ``nb.save(...)`` writes the figure, the data it plots, the compare
     rows and the provenance (every parameter plus ``extra``) with the notebook's wall time.
     """

@@ -37,8 +37,8 @@ STATUS_NONE = "not yet"
 STATUS_SETTING = "setting"
 STATUSES = (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE, STATUS_REDUCED, STATUS_MODEL,
             STATUS_SMOKE, STATUS_NONE)
-# converged mode's runs (figures/converged/): a small proxy trained to its plateau with the
-# paper's protocol on a CPU; reported in their own section and rows, never joined with the
+# converged mode's runs (figures/converged/): a small proxy trained for a fraction of the
+# paper's epochs with its protocol on a CPU; reported in their own section and rows, never joined with the
 # quick or paper numbers of the same cell
 CONVERGED_DIR = "converged"
 CONVERGED_LABEL = "converged proxy"
@@ -557,7 +557,7 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
     lines.append(
         f"**Not judged**: {int(untested.get(ledger_mod.NEVER, 0))} claims never tested, "
         f"{int(untested.get(ledger_mod.UNAVAILABLE, 0))} need data not here (ImageNet, "
-        "CIFAR-100)" + (f", {waiting} ran but have no verdict committed yet" if waiting else "")
+        "CIFAR-100)" + (f", {waiting} ran without a committed verdict yet" if waiting else "")
         + "; " + ("no claim is judged at the paper's own GPU scale yet." if not any(
             (Path(figures_dir) / "paper" / "campaign").glob("*/*.compare.csv"))
            else "the campaign's paper-scale GPU runs are counted under full scale."))
@@ -717,9 +717,10 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
     conv = converged_claims(papers_dir, figures_dir)
     if len(conv):
         lines += [f"## Claims tested by the {CONVERGED_LABEL} (converged mode)", "",
-                  ("`localsgd reproduce --mode converged`: a small model trained to its plateau "
-                   "on a CPU with the source's protocol (full training set, warm-up, step "
-                   "decays, three seeds; model width and epochs in each row's note, "
+                  ("`localsgd reproduce --mode converged`: a small model trained for a "
+                   "fraction of the source's epochs on a CPU with its protocol (full training "
+                   "set, warm-up, step decays, three seeds; model width and epochs in each "
+                   "row's note, "
                    f"`figures/{CONVERGED_DIR}/`). Kept apart from the rows above: a proxy's "
                    "verdict speaks about the proxy."), "",
                   _md_table(conv[["source", "artifact", "claim", "ours", "verdict"]].rename(

@@ -29,7 +29,7 @@ from localsgd.paths import atomic_path  # re-exported: results.atomic_path is pu
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
 # model: a prediction of the timing model, not a run; converged: converged mode's small proxy
-# trained to its plateau with the source's protocol
+# trained for a fraction of the source's epochs with its protocol
 SCALES = ("full", "reduced", "model", "converged")
 _VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "matplotlib",
               "seaborn", "papermill")

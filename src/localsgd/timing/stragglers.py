@@ -97,7 +97,9 @@ def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFram
     A collective cannot finish before the last member of the group arrives, so for rank r in
     group G: ``wait = max_{j in G} arrive_j - arrive_r`` (blocked because another rank is late)
     and ``comm = end_r - max_{j in G} arrive_j`` (moving the bytes). Adds ``wait_s`` and
-    ``comm_s`` (summed over both kinds) and ``wait_{k}_s`` / ``comm_{k}_s``.
+    ``comm_s`` (summed over both kinds and the streamed time) and ``wait_{k}_s`` /
+    ``comm_{k}_s``; a streamed step's ``stream_s`` (launch, merge, mixing) is communication,
+    ``comm_stream_s``.
 
     Rows whose ``clock`` is ``"events"`` (CUDA: host timestamps see only kernel launches) carry
     durations ``{k}_dur_s`` from CUDA events instead, and the same rule is applied to them: the
@@ -136,13 +138,21 @@ def split_waiting(timeline: pd.DataFrame, group_sizes: list[int]) -> pd.DataFram
         df[f"wait_{kind}_s"], df[f"comm_{kind}_s"] = wait, comm
         df["wait_s"] += wait
         df["comm_s"] += comm
+    # a streamed fragment's average travels while the workers compute: what the host spent on
+    # its launch, merge and mixing is the communication left exposed (its straggler wait is
+    # inside the merge's wait and not separable from the bytes' time)
+    stream = (pd.to_numeric(df["stream_s"], errors="coerce").fillna(0.0) if "stream_s" in df
+              else pd.Series(0.0, index=df.index))
+    df["comm_stream_s"] = stream
+    df["comm_s"] += stream
     return df
 
 
 def timing_summary(df: pd.DataFrame, group_sizes: list[int]) -> dict:
     """Closing summary of a `split_waiting` table: steps/s, shares of worker time spent
     computing / waiting / communicating, and bytes each level moved (sum over workers of the
-    buffers they all-reduced; a ring all-reduce puts 2(g-1)/g of that on the wire)."""
+    buffers they all-reduced, streamed fragments' at the world's level; a ring all-reduce puts
+    2(g-1)/g of that on the wire)."""
     steps = int(df["step"].nunique())
     span = float(df["end"].max() - df["start"].min())
     wall = float(df["wall_s"].sum())
@@ -163,6 +173,8 @@ def timing_summary(df: pd.DataFrame, group_sizes: list[int]) -> dict:
         for kind in SYNC_KINDS:
             mask = df[f"{kind}_level"] == level
             moved += int(df.loc[mask, f"{kind}_bytes"].sum())
+        if level == len(group_sizes) - 1 and "fragment_bytes" in df:  # fragments: world-wide
+            moved += int(df["fragment_bytes"].sum())
         out[f"bytes_l{level}"] = moved
         out[f"group_l{level}"] = g
     return out
