@@ -26,8 +26,8 @@ from localsgd.paper.experiments.lin2020.common import (
 )
 from localsgd.training.config import TrainConfig
 
-__all__ = ["TABLE06_CLAIMS", "base", "configs", "momentum_config", "table06_07_claims",
-           "table06_07_configs", "table06_07_reported"]
+__all__ = ["TABLE06_CLAIMS", "base", "claim_differences", "configs", "momentum_config",
+           "table06_07_claims", "table06_07_configs", "table06_07_reported"]
 
 
 # App. D.1.4's three statements on Table 6 (H = 1), each judged on its own row
@@ -183,3 +183,25 @@ def table06_07_claims(final: pd.DataFrame, *, mode: str, width: float, n_train: 
                           tested=claims.tested_text(
                               [mean_gap((0.9, g), (0.9, 0.0)) for g in large], " points"))
     return rows
+
+
+def claim_differences(final: pd.DataFrame, paper: pd.DataFrame) -> list[tuple]:
+    """What `table06_07_claims` judges on Table 6, for `localsgd.paper.notebook.
+    paired_differences`: per compared pair (label, our per-seed differences in test top-1, the
+    paper's difference or None): local 0.9 minus no momentum, then each global momentum on top
+    of local 0.9 minus local 0.9 alone, for the cells our grid ran."""
+    ours, ref = final[final.table == "Table 6"], paper[paper.table == "Table 6"]
+    ran = set(zip(ours.local_momentum, ours.global_momentum, strict=True))
+
+    def cell(local: float, glob: float) -> dict:
+        return {"local_momentum": local, "global_momentum": glob}
+
+    def paper_gap(a: tuple, b: tuple) -> float | None:
+        x, y = rows_where(ref, cell(*a)).test_acc, rows_where(ref, cell(*b)).test_acc
+        return float(x.iloc[0] - y.iloc[0]) if len(x) and len(y) else None
+
+    pairs = [("local 0.9\n− none", (0.9, 0.0), (0.0, 0.0))] if (0.0, 0.0) in ran else []
+    pairs += [(f"+ global {g:g}\n− local 0.9", (0.9, g), (0.9, 0.0))
+              for g in sorted(g for loc, g in ran if loc == 0.9 and g > 0)]
+    return [(label, gaps_by_seed(ours, cell(*a), cell(*b)), paper_gap(a, b))
+            for label, a, b in pairs if (0.9, 0.0) in ran]
