@@ -479,6 +479,22 @@ def test_table03_gains_are_paired_by_seed():
     assert all("claim" not in r for r in rows.values())
 
 
+def test_table03_figure_draws_the_pairs_the_claim_judges():
+    paper = pd.DataFrame([{"topology": "4x4", "H": h, "Hb": hb, "test_acc": a}
+                          for h, hb, a in ((1, 16, 91.65), (4, 4, 91.45), (16, 1, 91.2))])
+    final = table03_final({("4x4", 1, 16): [20.0, 25.1], ("4x4", 4, 4): [19.5, 24.0],
+                           ("4x4", 16, 1): [19.0, 24.0], ("8x2", 8, 2): [18.0, 18.2]})
+    groups = lin2020.table03.claim_differences(final, paper)
+    assert [g[0] for g in groups] == ["4x4: H=1, Hb=16\n− H=16, Hb=1",
+                                      "4x4: H=4, Hb=4\n− H=16, Hb=1"]
+    assert groups[0][1] == pytest.approx([1.0, 1.1])  # paired by seed
+    assert groups[0][2] == pytest.approx(0.45) and groups[1][2] == pytest.approx(0.25)
+    # converged mode's 2x2: the paper never ran it, so no diamond; no baseline: nothing drawn
+    two = table03_final({("2x2", 1, 16): [75.8, 74.0], ("2x2", 16, 1): [72.4, 72.5]})
+    assert [g[2] for g in lin2020.table03.claim_differences(two, paper)] == [None]
+    assert lin2020.table03.claim_differences(table03_final({("4x4", 1, 16): [20.0]}), paper) == []
+
+
 def test_cifar_run_note_names_the_reduced_run():
     from types import SimpleNamespace
 

@@ -19,7 +19,8 @@ from localsgd.paper.experiments.lin2020.common import paired_by_seed, rows_where
 from localsgd.timing.comm import ClusterShape, schedule_sync_counts
 from localsgd.training.config import TrainConfig
 
-__all__ = ["appB_rows", "appB_table3", "configs", "table03_claims"]
+__all__ = ["appB_rows", "appB_table3", "claim_differences", "claim_topology", "configs",
+           "table03_claims"]
 
 
 def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
@@ -42,6 +43,39 @@ def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
     return runs, labels
 
 
+def claim_topology(final: pd.DataFrame) -> str | None:
+    """The topology Table 3's claim is judged on: the paper's 4x4 when it ran, else the one
+    topology that ran (converged mode's 2x2), else None."""
+    topos = sorted(set(final.topology))
+    return "4x4" if "4x4" in topos else (topos[0] if len(topos) == 1 else None)
+
+
+def claim_differences(final: pd.DataFrame, paper: pd.DataFrame) -> list[tuple]:
+    """What `table03_claims` judges, for `localsgd.paper.notebook.paired_differences`: on the
+    claim topology, per configuration with H^b > 1 (label, its per-seed test top-1 minus
+    H=16, Hb=1's, the paper's difference on that topology or None where the paper did not run
+    it). ``paper``: the source's cells with columns topology, H, Hb, test_acc."""
+    topo = claim_topology(final)
+    on_topo = final[final.topology == topo]
+    configs = sorted({(int(h), int(hb)) for h, hb in zip(on_topo.H, on_topo.Hb, strict=True)})
+    if (16, 1) not in configs:
+        return []
+    flat = seed_values(on_topo, "test_acc", H=16, Hb=1)
+    ref = paper[paper.topology == topo]
+
+    def paper_acc(h: int, hb: int) -> float | None:
+        cell = rows_where(ref, {"H": h, "Hb": hb}).test_acc
+        return float(cell.iloc[0]) if len(cell) else None
+
+    def paper_gap(h: int, hb: int) -> float | None:
+        a, b = paper_acc(h, hb), paper_acc(16, 1)
+        return None if a is None or b is None else a - b
+
+    return [(f"{topo}: H={h}, Hb={hb}\n− H=16, Hb=1",
+             paired_by_seed(seed_values(on_topo, "test_acc", H=h, Hb=hb), flat), paper_gap(h, hb))
+            for h, hb in configs if (h, hb) != (16, 1)]
+
+
 def table03_claims(final: pd.DataFrame, *, note: str = "") -> list[dict]:
     """Table 3 (§4.3): one row per (topology, H, H^b) with the mean final test top-1 over seeds
     (``final``: each run's last record with topology, H, Hb, seed, test_acc), and on the claim
@@ -52,8 +86,7 @@ def table03_claims(final: pd.DataFrame, *, note: str = "") -> list[dict]:
     as 4x4's blocks of 4, the smallest K that keeps the claim's shape)."""
 
     claim, text, tested = None, None, ""
-    topos = sorted(set(final.topology))
-    topo = "4x4" if "4x4" in topos else (topos[0] if len(topos) == 1 else None)
+    topo = claim_topology(final)
     on_topo = final[final.topology == topo]
     configs = sorted({(int(h), int(hb)) for h, hb in zip(on_topo.H, on_topo.Hb, strict=True)})
     if (16, 1) in configs and len(configs) > 1:
