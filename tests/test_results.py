@@ -108,6 +108,18 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     assert own[["artifact", "verdict", "ours"]].values.tolist() == [
         ["Timing model vs runner", "held: 4.2 %", 4.2]]
     assert "## This project's own claims" in report.write_report(papers, figs).read_text()
+    # converged mode's own claims join them, beside the same claim's quick row; a source's
+    # artifact there is the converged section's, not the project's own
+    for name, artifact in (("own", "Timing model vs runner"), ("t3", "Table 3")):
+        results.save_figure(name, None, pd.DataFrame({"v": [1]}), out_dir=figs / "converged",
+                            params={}, mode="converged", scale="converged",
+                            compare=pd.DataFrame({"artifact": [artifact], "setting": ["2x2"],
+                                                  "metric": ["max error"], "value": [3.0],
+                                                  "claim": ["within 10 %"],
+                                                  "verdict": ["held: 3 %"]}))
+    own = report.own_claims(papers, figs)
+    assert own[["artifact", "scale", "ours"]].values.tolist() == [
+        ["Timing model vs runner", "reduced", 4.2], ["Timing model vs runner", "converged", 3.0]]
     # a claim a source's ledger lists is the ledger's, not shown again as the project's own
     pd.DataFrame({"id": ["c1"], "artifact": ["Timing model vs runner"], "claim": ["within 10 %"],
                   "quantity": ["max error"], "paper_value": [""], "status": ["tested"],

@@ -416,9 +416,16 @@ def _unjoined_claims(papers_dir: Path, ours: pd.DataFrame) -> pd.DataFrame:
 
 def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """Compare rows with a claim and verdict that match no source's number (keyed by artifact,
-    setting, metric) nor a ledger claim: the project's own checks."""
+    setting, metric) nor a ledger claim: the project's own checks, at every scale they ran
+    (``figures/`` and converged mode's ``figures/converged/``)."""
     cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "mode", "scale"]
-    rows = _unjoined_claims(papers_dir, load_ours(figures_dir))
+    # converged mode's own artifacts too (a source's artifact there is `converged_claims`')
+    converged = _unjoined_claims(papers_dir, load_ours(Path(figures_dir) / CONVERGED_DIR))
+    converged = converged[~converged["artifact"].isin(set(load_reported(papers_dir)["artifact"]))]
+    rows = pd.concat([_unjoined_claims(papers_dir, load_ours(figures_dir)), converged],
+                     ignore_index=True)
+    first = {c: i for i, c in enumerate(dict.fromkeys(rows["claim"]))}  # a claim's scales together
+    rows = rows.sort_values("claim", key=lambda c: c.map(first), kind="stable")
     if not len(rows):
         return pd.DataFrame(columns=cols)
     # a claim the ledger lists is shown once, as the ledger's (`ledger_rows`)
