@@ -38,8 +38,8 @@ STATUS_SETTING = "setting"
 STATUSES = (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE, STATUS_REDUCED, STATUS_MODEL,
             STATUS_SMOKE, STATUS_NONE)
 # converged mode's runs (figures/converged/): a small proxy trained for a fraction of the
-# paper's epochs with its protocol on a CPU; reported in their own section and rows, never joined with the
-# quick or paper numbers of the same cell
+# paper's epochs with its protocol on a CPU; reported in their own section and rows, never
+# joined with the quick or paper numbers of the same cell
 CONVERGED_DIR = "converged"
 CONVERGED_LABEL = "converged proxy"
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
@@ -424,10 +424,10 @@ def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     converged = converged[~converged["artifact"].isin(set(load_reported(papers_dir)["artifact"]))]
     rows = pd.concat([_unjoined_claims(papers_dir, load_ours(figures_dir)), converged],
                      ignore_index=True)
-    first = {c: i for i, c in enumerate(dict.fromkeys(rows["claim"]))}  # a claim's scales together
-    rows = rows.sort_values("claim", key=lambda c: c.map(first), kind="stable")
     if not len(rows):
         return pd.DataFrame(columns=cols)
+    first = {c: i for i, c in enumerate(dict.fromkeys(rows["claim"]))}  # a claim's scales together
+    rows = rows.sort_values("claim", key=lambda c: c.map(first), kind="stable")
     # a claim the ledger lists is shown once, as the ledger's (`ledger_rows`)
     rows = rows[~rows["claim"].isin(set(ledger_mod.load_ledger(papers_dir)["claim"]))]
     return rows[[c for c in cols if c in rows.columns]].rename(columns={"value": "ours"})
