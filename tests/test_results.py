@@ -108,8 +108,14 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     assert own[["artifact", "verdict", "ours"]].values.tolist() == [
         ["Timing model vs runner", "held: 4.2 %", 4.2]]
     assert "## This project's own claims" in report.write_report(papers, figs).read_text()
-    # converged mode's own claims join them, beside the same claim's quick row; a source's
-    # artifact there is the converged section's, not the project's own
+    # converged mode's own claims join them, beside the same claim's quick row (not after a
+    # second claim's); a source's artifact there is the converged section's, not the project's
+    results.save_figure("own2", None, pd.DataFrame({"v": [1]}), out_dir=figs, params={},
+                        mode="quick", scale="reduced",
+                        compare=pd.DataFrame({"artifact": ["Timing model vs runner"],
+                                              "setting": ["2 procs"], "metric": ["max error"],
+                                              "value": [1.0], "claim": ["a second claim"],
+                                              "verdict": ["held: 1 %"]}))
     for name, artifact in (("own", "Timing model vs runner"), ("t3", "Table 3")):
         results.save_figure(name, None, pd.DataFrame({"v": [1]}), out_dir=figs / "converged",
                             params={}, mode="converged", scale="converged",
@@ -118,13 +124,14 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
                                                   "claim": ["within 10 %"],
                                                   "verdict": ["held: 3 %"]}))
     own = report.own_claims(papers, figs)
-    assert own[["artifact", "scale", "ours"]].values.tolist() == [
-        ["Timing model vs runner", "reduced", 4.2], ["Timing model vs runner", "converged", 3.0]]
+    assert own[["claim", "scale", "ours"]].values.tolist() == [
+        ["within 10 %", "reduced", 4.2], ["within 10 %", "converged", 3.0],
+        ["a second claim", "reduced", 1.0]]
     # a claim a source's ledger lists is the ledger's, not shown again as the project's own
     pd.DataFrame({"id": ["c1"], "artifact": ["Timing model vs runner"], "claim": ["within 10 %"],
                   "quantity": ["max error"], "paper_value": [""], "status": ["tested"],
                   "why": [""]}).to_csv(papers / "src1" / "claims.csv", index=False)
-    assert report.own_claims(papers, figs).empty
+    assert report.own_claims(papers, figs)["claim"].tolist() == ["a second claim"]
 
 
 def test_report_prefers_paper_mode_and_rejects_same_mode_clashes(tmp_path):

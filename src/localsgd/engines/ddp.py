@@ -212,7 +212,8 @@ class DDPEngine(ScheduledWorkers):
             if average_buffers else 0)
         self._avg_bytes = avg_bytes
         self._timeline: list[dict] = []
-        # CUDA: rows whose event times are not read yet (marks, synced), resolved together
+        # CUDA: rows whose event times are not read yet (row, marks, synced, streamed), resolved
+        # together
         self._unread: list[tuple[dict, list, bool, bool]] = []
 
     @property
