@@ -1,8 +1,6 @@
 """Committed figures fit a journal page: at most `results.PRINT_WIDTH` (7.5) inches wide at
 print size (150 dpi, or the dpi a PNG states: the browser screenshot's), drawn with no text under
-7 pt (`notebook.PRINT_STYLE`). A figure whose
-verdicts are of the former rule awaits its notebook's re-run (its runs were not kept) and is
-drawn as it was then."""
+7 pt (`notebook.PRINT_STYLE`)."""
 
 from pathlib import Path
 
@@ -16,20 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PNGS = sorted((ROOT / "figures").rglob("*.png"))  # GPU artifacts and the screenshot too
 
 
-def _awaiting_rerun(png: Path) -> bool:
-    compare = png.with_suffix(".compare.csv")
-    if not compare.is_file():
-        return False
-    rows = pd.read_csv(compare)
-    judged = rows[rows["verdict"].notna()] if "verdict" in rows else rows.iloc[0:0]
-    return len(judged) > 0 and ("rule" not in judged or judged["rule"].isna().all())
-
-
 @pytest.mark.parametrize("png", PNGS, ids=[str(p.relative_to(ROOT)) for p in PNGS])
 def test_a_committed_figure_fits_a_page(png):
-    if _awaiting_rerun(png):
-        pytest.skip("verdicts of the former rule: drawn before the print layout, re-drawn with "
-                    "its notebook's next run")
     image = Image.open(png)
     dpi = image.info.get("dpi", (150,))[0]
     assert image.size[0] <= results.PRINT_WIDTH * dpi + 1, f"{image.size[0] / dpi:.2f} in wide"
@@ -57,3 +43,15 @@ def test_a_wide_figure_is_narrowed_when_saved(tmp_path):
     assert width_px <= results.PRINT_WIDTH * 150 + 1
     fig2, axes2 = notebook.panels(3)
     assert len(axes2) == 3 and fig2.get_size_inches()[0] <= results.PRINT_WIDTH
+
+
+def test_no_notebook_or_plot_sets_text_under_7_points():
+    """An explicit ``fontsize=`` or ``labelsize=`` under 7 would undo the print style."""
+    import re
+
+    small = re.compile(r"\b(fontsize|labelsize)\s*=\s*([0-6](\.\d+)?)\b")
+    found = [f"{path.relative_to(ROOT)}: {m.group(0)}"
+             for path in [*(ROOT / "notebooks").glob("*.ipynb"),
+                          *(ROOT / "src" / "localsgd" / "paper").rglob("*.py")]
+             for m in small.finditer(path.read_text())]
+    assert found == [], found

@@ -61,17 +61,16 @@ def test_ledger_joins_each_claim_at_each_scale_it_was_judged(checkout):
     table = ledger.ledger(*checkout).set_index(["id", "scale"])
     assert table.loc[("t1", "reduced"), "verdict"].startswith("held: ")
     assert table.loc[("t1", "converged proxy"), "verdict"].startswith("inconclusive")
-    assert pd.isna(table.loc[("t1", "converged proxy"), "rule"])  # judged by the former rule
+    assert pd.isna(table.loc[("t1", "converged proxy"), "rule"])  # an older notebook's output
     assert table.loc[("t2", ""), "verdict"] == ledger.UNJOINED
     assert table.loc[("f8", ""), "verdict"] == ledger.UNAVAILABLE
     assert table.loc[("f5", ""), "verdict"] == ledger.NEVER
 
 
-def test_report_marks_the_former_rule_and_lists_why_a_claim_was_not_judged(checkout):
+def test_report_lists_each_verdict_and_why_a_claim_was_not_judged(checkout):
     rows = report.ledger_rows(*checkout).set_index(["id", "scale"])
     assert rows.loc[("t1", "reduced"), "outcome"] == "held"
-    assert rows.loc[("t1", "converged proxy"), "outcome"] == \
-        f"inconclusive at this scale ({report.FORMER_RULE})"
+    assert rows.loc[("t1", "converged proxy"), "outcome"] == "inconclusive at this scale"
     assert rows.loc[("t1", "reduced"), "ours"] == "1.5 points"
     # a claim on a difference shows the difference, not the accuracy of the row it sits on
     assert rows.loc[("t1", "converged proxy"), "ours"] == "+0.5 to +1.2 points"
@@ -127,8 +126,9 @@ def test_unregistered_claims_are_found(checkout):
                                             "rule": claims.RULE},
                                            {"claim": "an old claim", "verdict": "held: z"}])
     assert ledger.unregistered_claims(papers, figures) == ["a claim nobody listed"]
-    # a verdict of the former rule is an older text awaiting its notebook's next run
-    assert ledger.awaiting_rerun(figures) == {"new", "table01"}
+    # a verdict without the rule it was judged by is an older notebook's output
+    assert [Path(p).relative_to(figures).as_posix() for p in ledger.unruled_verdicts(figures)] \
+        == ["converged/table01.compare.csv", "new.compare.csv"]
 
 
 def test_the_committed_ledgers_cover_every_judged_claim():
@@ -137,13 +137,10 @@ def test_the_committed_ledgers_cover_every_judged_claim():
     sources = set(table["source"])
     assert sources == {"lin2020_local_sgd", "cruise_meta_hsgd_blog", "fairscale_slowmo",
                        "dynamo_ddp_update"}
-    # a tested claim whose text no committed verdict carries is a typo or a stale ledger,
-    # unless its notebook's committed verdicts are of the former rule (runs not kept: judged
-    # again when it runs again; REPORT marks them)
-    waiting = ledger.awaiting_rerun(ROOT / "figures")
+    # every committed verdict says the rule it was judged by
+    assert ledger.unruled_verdicts(ROOT / "figures") == []
+    # a tested claim whose text no committed verdict carries is a typo or a stale ledger
     unjoined = table[table["verdict"] == ledger.UNJOINED]
-    stray = [c for c, why in zip(unjoined["claim"], unjoined["why"], strict=True)
-             if not any(f"notebooks/{nb}.ipynb" in why for nb in waiting)]
-    assert stray == [], stray
+    assert unjoined["claim"].tolist() == []
     untested = table[table["scale"] == ""]
     assert (untested["why"].str.len() > 3).all(), untested[untested["why"].str.len() <= 3]

@@ -61,16 +61,21 @@ def test_the_search_skips_generated_blocks_code_source_values_and_short_numbers(
 
 
 def test_report_check_exits_nonzero_on_a_problem(monkeypatch, capsys):
-    from localsgd.paper import cli
+    from localsgd.paper import cli, ledger
 
+    monkeypatch.setattr(ledger, "unruled_verdicts", lambda *_: [])  # the committed figures'
+    monkeypatch.setattr(ledger, "unregistered_claims", lambda *_: [])
     monkeypatch.setattr(pn, "unlinked", lambda: ["docs/page.md:3: 1.234 equals a result"])
     assert cli.main(["report", "--check"]) == 1
     assert "docs/page.md:3: 1.234" in capsys.readouterr().out
     monkeypatch.setattr(pn, "unlinked", list)
     assert cli.main(["report", "--check"]) == 0
     # a claim a notebook judges that no source's ledger lists is a problem too
-    from localsgd.paper import ledger
-
     monkeypatch.setattr(ledger, "unregistered_claims", lambda *_: ["a new claim"])
     assert cli.main(["report", "--check"]) == 1
     assert "claim not in any papers/*/claims.csv: 'a new claim'" in capsys.readouterr().out
+    # and so is a verdict without the rule it was judged by
+    monkeypatch.setattr(ledger, "unregistered_claims", lambda *_: [])
+    monkeypatch.setattr(ledger, "unruled_verdicts", lambda *_: ["figures/old.compare.csv"])
+    assert cli.main(["report", "--check"]) == 1
+    assert "figures/old.compare.csv: a verdict without the rule" in capsys.readouterr().out

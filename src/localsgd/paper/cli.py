@@ -382,12 +382,15 @@ def _run_and_report(args: argparse.Namespace, h: Any, specs: list, sets: dict[st
 
 def _check_prose(papers: Path, figures: Path) -> int:
     """`localsgd report --check`: results copied into README, docs/ or notes outside a generated
-    block, and claims a notebook judges that no source's ledger lists."""
+    block, claims a notebook judges that no source's ledger lists, and verdicts without the
+    rule they were judged by."""
     from localsgd.paper import ledger, prose_numbers  # deferred: reads the checkout's figures/
 
     problems = prose_numbers.unlinked() + [
         f"claim not in any papers/*/claims.csv: {c!r}"
-        for c in ledger.unregistered_claims(papers, figures)]
+        for c in ledger.unregistered_claims(papers, figures)] + [
+        f"{path}: a verdict without the rule it was judged by (an older notebook's output): "
+        "run its notebook again" for path in ledger.unruled_verdicts(figures)]
     for line in problems:
         print(line)
     print(f"prose and claims: {len(problems)} problem(s)")

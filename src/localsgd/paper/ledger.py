@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = ["COLUMNS", "NEVER", "STATUSES", "TESTED", "UNAVAILABLE", "UNJOINED",
-           "awaiting_rerun", "ledger", "load_ledger", "unregistered_claims", "verdict_rows"]
+           "ledger", "load_ledger", "unregistered_claims", "unruled_verdicts", "verdict_rows"]
 
 COLUMNS = ["id", "artifact", "claim", "quantity", "paper_value", "status", "why"]
 TESTED, NEVER, UNAVAILABLE = "tested", "never tested", "data unavailable"
@@ -101,8 +101,8 @@ def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
 
 def unregistered_claims(papers_dir: Path, figures_dir: Path) -> list[str]:
     """Claims a notebook judges that no source's ledger lists (this project's own checks,
-    `OWN_ARTIFACTS`, have no source and are left out, and so are verdicts of the former rule:
-    the claim texts of older code, until their notebook runs again, `awaiting_rerun`)."""
+    `OWN_ARTIFACTS`, have no source and are left out, and so are verdicts without a rule:
+    `unruled_verdicts` names their files)."""
     rows = verdict_rows(Path(figures_dir))
     rows = rows[rows["rule"].notna()]
     known = set(load_ledger(papers_dir)["claim"])
@@ -110,9 +110,9 @@ def unregistered_claims(papers_dir: Path, figures_dir: Path) -> list[str]:
                    if c not in known and a not in OWN_ARTIFACTS})
 
 
-def awaiting_rerun(figures_dir: Path) -> set[str]:
-    """The notebooks (figure ids) some of whose committed verdicts were judged by the former
-    rule: their runs were not kept, so they are judged again when they run again."""
+def unruled_verdicts(figures_dir: Path) -> list[str]:
+    """The compare files holding a verdict without the rule it was judged by
+    (`localsgd.paper.experiments.claims.RULE`, which every claim row carries): an older
+    notebook's output, to be run again."""
     rows = verdict_rows(Path(figures_dir))
-    return {Path(p).name.removesuffix(".compare.csv")
-            for p in rows.loc[rows["rule"].isna(), "path"]}
+    return sorted(set(rows.loc[rows["rule"].isna(), "path"]))

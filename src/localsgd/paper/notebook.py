@@ -554,7 +554,7 @@ def paired_differences(ax: Any, groups: Iterable[tuple[str, Iterable[float], flo
     """A claim about a difference, drawn as the claim judges it: per group (label, its per-seed
     paired differences, the source's difference or None) the seeds (grey), their mean and the
     one-sided 95 % t bounds on each side (the interval `claims.verdict` reads), the source's
-    value as a black diamond; zero, and the claim's tolerance ``band`` (±) when it has one."""
+    value as a hollow black diamond; zero, and the claim's tolerance ``band`` (±) when it has one."""
     from localsgd.paper.confidence import bounds  # deferred: numpy, scipy
 
     labels = []
@@ -572,7 +572,8 @@ def paired_differences(ax: Any, groups: Iterable[tuple[str, Iterable[float], flo
                 ax.plot(i, mean, "o", color="C0", zorder=3,
                         label="mean (1 seed)" if i == 0 else None)
         if source is not None and math.isfinite(float(source)):
-            ax.plot(i, float(source), "D", color="black", ms=5, zorder=4,
+            # hollow, so that ours shows where the two nearly agree
+            ax.plot(i, float(source), "D", color="black", mfc="none", ms=5, zorder=4,
                     label="source (300 epochs)" if i == 0 else None)
     ax.axhline(0.0, color="black", lw=0.8)
     if band:

@@ -379,21 +379,12 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
         if ours and len(vals) == 1 and len(source_values) == 1 and source_values.notna().all():
             ours += f" · source {fmt_source(source_values.iloc[0])}" + (
                 {"%": " %", "x": "×"}.get(unit, f" {unit}") if unit else "")
-        former = "rule" not in group or group["rule"].isna().all()
         out.append({"source": SOURCE_LABELS.get(source, source), "artifact": artifact,
                     "claim": plain(claim), "ours": ours or "—",
                     "scale": _scale_label(group.iloc[0]),
-                    "verdict": short_verdict(group["verdict"].iloc[0])
-                    + (f" ({FORMER_RULE})" if former else ""),
-                    "detail": (f"[{FORMER_RULE}: {FORMER_RULE_MEANS}] " if former else "")
-                    + plain(group["verdict"].iloc[0])})
+                    "verdict": short_verdict(group["verdict"].iloc[0]),
+                    "detail": plain(group["verdict"].iloc[0])})
     return pd.DataFrame(out, columns=cols)
-
-
-FORMER_RULE = "former rule"
-FORMER_RULE_MEANS = ("judged before the rule of 2026-11-28 (every seed on one side of the "
-                     "threshold and the mean one sd from it, no regime check); its runs were "
-                     "not kept, so it awaits a re-run")
 
 
 def _scale_label(row: pd.Series) -> str:
@@ -457,16 +448,10 @@ def _label(source: str, artifact: str) -> str:
     return art if label == "Lin et al." else f"{label} {art}"
 
 
-def _outcome(verdict: object, rule: object) -> str:
-    """The short outcome of a verdict, marked when it was judged by the former rule."""
-    former = rule is None or (isinstance(rule, float) and math.isnan(rule)) or rule == ""
-    return short_verdict(verdict) + (f" ({FORMER_RULE})" if former else "")
-
-
 def ledger_rows(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """`localsgd.paper.ledger.ledger` with the short ``outcome`` and our value as text."""
     table = ledger_mod.ledger(papers_dir, figures_dir)
-    outcome = [(_outcome(r["verdict"], r["rule"]) if r["scale"] else r["verdict"])
+    outcome = [(short_verdict(r["verdict"]) if r["scale"] else r["verdict"])
                for _, r in table.iterrows()]
     # the claim's tested quantity where the row carries it apart from its value (a difference
     # on one configuration's accuracy row), else the row's value

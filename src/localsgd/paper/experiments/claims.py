@@ -59,9 +59,8 @@ NOT_IN_REGIME = "not testable at this budget"
 MODEL_DISAGREES = "model disagrees with the source"
 OUTCOMES = (HELD, NOT_HELD, INCONCLUSIVE, NOT_IN_REGIME, NOT_TESTABLE, MODEL_DISAGREES,
             UNAVAILABLE, NOT_MEASURABLE)
-# the rule a verdict was judged by, carried by every claim row (`claim_row`): REPORT marks a
-# committed verdict without it as judged by the former rule (every seed on one side of the
-# threshold and the mean at least one sd from it), until its notebook is run again
+# the rule a verdict was judged by, carried by every claim row (`claim_row`): `localsgd report
+# --check` flags a committed verdict without it (an older notebook's output)
 RULE = "one-sided 95 % t bound, regime check"
 MEANING = {
     HELD: "the one-sided 95 % confidence bound (t over seeds or rounds) of the tested quantity "
