@@ -65,8 +65,9 @@ def _runs_the_torchrun_script(bin_dir, env, tmp_path):
 
 
 def _runs_the_python_examples(bin_dir, env, tmp_path):
+    # the section's library example is the torchrun script (`_runs_the_torchrun_script`); the
+    # replica-engine example moved to docs/algorithms.md, whose setup needs the paper extra
     examples = [b for b in blocks("python") if b.page == "README.md" and b.section == SECTION]
-    assert examples, f"no python example under {SECTION!r} in README.md"
     for example in examples:
         path = tmp_path / f"example_{example.line}.py"
         path.write_text(example.code)
