@@ -98,31 +98,26 @@ def test_report_joins_on_artifact_setting_metric(tmp_path):
     text = report.write_report(papers, figs).read_text()
     assert "## src1" in text and "| Table 3 | H=1 | syncs | 15 |" in text
     assert "own claims" not in text  # no claim without a source number yet
-    results.save_figure("own", None, pd.DataFrame({"v": [1]}), out_dir=figs, params={},
-                        mode="quick", scale="reduced",
-                        compare=pd.DataFrame({"artifact": ["Timing model vs runner"],
-                                              "setting": ["8 procs"], "metric": ["max error"],
-                                              "value": [4.2], "claim": ["within 10 %"],
-                                              "verdict": ["held: 4.2 %"]}))
+
+    def save_claim(name, out_dir, artifact, setting, value, claim, verdict, mode="quick"):
+        results.save_figure(name, None, pd.DataFrame({"v": [1]}), out_dir=out_dir, params={},
+                            mode=mode, scale="converged" if mode == "converged" else "reduced",
+                            compare=pd.DataFrame({"artifact": [artifact], "setting": [setting],
+                                                  "metric": ["max error"], "value": [value],
+                                                  "claim": [claim], "verdict": [verdict]}))
+
+    save_claim("own", figs, "Timing model vs runner", "8 procs", 4.2, "within 10 %", "held: 4.2 %")
     own = report.own_claims(papers, figs)
     assert own[["artifact", "verdict", "ours"]].values.tolist() == [
         ["Timing model vs runner", "held: 4.2 %", 4.2]]
     assert "## This project's own claims" in report.write_report(papers, figs).read_text()
     # converged mode's own claims join them, beside the same claim's quick row (not after a
     # second claim's); a source's artifact there is the converged section's, not the project's
-    results.save_figure("own2", None, pd.DataFrame({"v": [1]}), out_dir=figs, params={},
-                        mode="quick", scale="reduced",
-                        compare=pd.DataFrame({"artifact": ["Timing model vs runner"],
-                                              "setting": ["2 procs"], "metric": ["max error"],
-                                              "value": [1.0], "claim": ["a second claim"],
-                                              "verdict": ["held: 1 %"]}))
+    save_claim("own2", figs, "Timing model vs runner", "2 procs", 1.0, "a second claim",
+               "held: 1 %")
     for name, artifact in (("own", "Timing model vs runner"), ("t3", "Table 3")):
-        results.save_figure(name, None, pd.DataFrame({"v": [1]}), out_dir=figs / "converged",
-                            params={}, mode="converged", scale="converged",
-                            compare=pd.DataFrame({"artifact": [artifact], "setting": ["2x2"],
-                                                  "metric": ["max error"], "value": [3.0],
-                                                  "claim": ["within 10 %"],
-                                                  "verdict": ["held: 3 %"]}))
+        save_claim(name, figs / "converged", artifact, "2x2", 3.0, "within 10 %", "held: 3 %",
+                   mode="converged")
     own = report.own_claims(papers, figs)
     assert own[["claim", "scale", "ours"]].values.tolist() == [
         ["within 10 %", "reduced", 4.2], ["within 10 %", "converged", 3.0],
