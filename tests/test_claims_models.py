@@ -145,6 +145,8 @@ def test_blog_mild_stragglers(best, expected):
     row = by_metric(claims(sweep_rows(best)))["slowdown threshold"]
     assert outcome(row) == expected, row["verdict"]
     assert row["unit"] == "%" and "[0.005, 1.0]" in row["note"]
+    # the README shows what the verdict tested (the best HSGD speed-up), not the break-even
+    assert row["tested"] == f"best HSGD {round(sum(best) / len(best), 2):.3g}x under 10 %"
     if max(best) < 1:  # crosses 1.0x between the 5 % and the 40 % slowdown
         assert 5 < row["value"] < 40 and "break-even (1.0x)" in row["verdict"]
     else:
