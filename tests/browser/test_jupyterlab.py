@@ -35,6 +35,7 @@ from pathlib import Path
 import nbformat
 import pytest
 import yaml
+from test_harness import check_smoke_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
@@ -468,6 +469,7 @@ def test_notebook_runs_in_jupyterlab(nb_id, lab, driver, monkeypatch):
             assert nb_id != SLIDER_PROBE, "the probe's slider did not render"
         if nb_id != SLIDER_PROBE:
             assert (lab.out / f"{nb_id}.png").exists(), "the figure went elsewhere than out_dir"
+            check_smoke_outputs(nb_id, lab.out)  # what tests/test_harness.py checks of a run
         ok = True
     finally:
         if not ok:
