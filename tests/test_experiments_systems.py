@@ -185,6 +185,25 @@ def test_breakeven_benchmark_measures_both_sides_of_the_rule():
         breakeven_benchmark([{"model": "vgg", "batch": 2}])
 
 
+def test_a_dry_run_times_the_breakeven_steps_at_most_n_times(monkeypatch):
+    from localsgd.paper import dry_run
+    from localsgd.paper.bench import breakeven
+
+    asked = []
+
+    def spawn(worker, world_size, specs, frequency, repeats):
+        asked.append(repeats)
+        raise RuntimeError("stop")  # the arguments are what is checked
+
+    monkeypatch.setattr(breakeven, "spawn", spawn)
+    spec = [{"model": "mlp", "width": 32, "batch": 2}]
+    for env, expected in (("", 20), ("2", 2), ("50", 20)):
+        monkeypatch.setenv(dry_run.ENV, env)
+        with pytest.raises(RuntimeError, match="stop"):
+            breakeven.breakeven_benchmark(spec, repeats=20)
+        assert asked.pop() == expected
+
+
 def test_fig07_paper_time_axis_uses_the_table02_fit():
     import yaml
 

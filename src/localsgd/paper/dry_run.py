@@ -6,7 +6,8 @@ step -- for N updates per run and one evaluation, then through the notebook's ta
 claim code. So a paper configuration that no longer builds, or a notebook that breaks on the
 paper grid, fails on a machine without GPUs. What a dry run does not check: speed, and memory at
 B_loc -- each worker's batch is cut to `BATCH` samples and the evaluation to `EVAL_IMAGES`
-images so that every run of the grid fits a CI budget (`localsgd.memory` estimates memory at
+images (and timings such as SlowMo's break-even steps repeated at most N times) so that every
+run of the grid fits a CI budget (`localsgd.memory` estimates memory at
 B_loc; `localsgd.training.plan.check_replica_memory` stops a GPU run that would not fit). Nothing is cached and
 nothing is written to ``figures/``.
 

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from localsgd.distributed import spawn
 from localsgd.models import BagOfTokens, build_model, wide_mlp
+from localsgd.paper import dry_run
 
 __all__ = ["BENCH_MODELS", "bench_model", "breakeven_benchmark"]
 
@@ -123,6 +124,8 @@ def breakeven_benchmark(specs: Sequence[dict], *, world_size: int = 2, frequency
     for spec in specs:
         if spec.get("model") not in BENCH_MODELS or int(spec.get("batch", 0)) < 1:
             raise ValueError(f"spec {spec}: need model in {BENCH_MODELS}, width and batch >= 1")
+    if (n := dry_run.updates()) is not None:  # a dry run checks that it runs, not its timings
+        repeats = min(repeats, n)
     df = pd.DataFrame(spawn(_worker, world_size, list(specs), frequency, repeats)[0])
     df["world_size"], df["frequency"] = world_size, frequency
     df["rule_lhs_s"] = df.allreduce_s * (1 - 1 / frequency)
