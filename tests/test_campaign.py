@@ -46,11 +46,11 @@ def test_runs_are_packed_kept_and_not_trained_twice(tmp_path, cifar):
     assert again["kept"] == [] and again["left"] == 0
 
 
-def test_the_render_draws_from_the_kept_runs_without_training(tmp_path, cifar):
+def test_the_render_draws_from_the_kept_runs_without_training(tmp_path, cifar, fresh_cache):
     campaign.run(5.0, notebooks=NOTEBOOKS, figures=tmp_path, entries=[SMOKE], progress=False,
                  say=lambda _: None)
     env = {**os.environ, "LOCALSGD_RUNS": str(campaign.runs_folder(tmp_path, "smoke")),
-           "LOCALSGD_CACHE": str(tmp_path / "empty-cache"), "MPLBACKEND": "Agg"}
+           "LOCALSGD_CACHE": str(fresh_cache("empty-cache")), "MPLBACKEND": "Agg"}
     out = tmp_path / "render"
     proc = subprocess.run(
         [sys.executable, "-m", "localsgd", "reproduce", "--mode", "smoke", "--only",

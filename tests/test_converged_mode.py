@@ -37,9 +37,9 @@ def test_without_only_the_mode_selects_the_notebooks_that_have_it():
                    if (NOTEBOOKS / "params" / i / "converged.yaml").exists()]
 
 
-def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path):
+def test_the_mode_runs_at_smoke_size_and_the_report_keeps_it_apart(tmp_path, fresh_cache):
     out = tmp_path / "figures" / "converged"  # --out-dir figures: the mode writes below it
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(fresh_cache())}
     command = [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", "table05_models",
                *[a for kv in ("n_train=64", "n_test=32", "B_loc=8", "epochs=1.0",
                               "widths=[0.25]", "n_seeds=2", "warmup_epochs=0.1")
@@ -129,12 +129,12 @@ _CONVERGED = [i for i in h.discover(NOTEBOOKS) if i != "table05_models"
 
 
 @pytest.mark.parametrize("nb_id", _CONVERGED)
-def test_every_converged_file_runs_at_smoke_size(nb_id, tmp_path):
+def test_every_converged_file_runs_at_smoke_size(nb_id, tmp_path, fresh_cache):
     defined = h.parameters_cell_names(NOTEBOOKS / f"{nb_id}.ipynb")
     sets = ["n_train=256", "n_test=32", "B_loc=8", "epochs=1.0", "n_seeds=2",
             *(["warmup_epochs=0.1"] if "warmup_epochs" in defined else []),
             *_SMOKE_SETS.get(nb_id, [])]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCALSGD_CACHE": str(fresh_cache())}
     proc = subprocess.run(
         [str(LOCALSGD), "reproduce", "--mode", "converged", "--only", nb_id,
          *[a for kv in sets for a in ("--set", kv)], "--out-dir", str(tmp_path / "figures"),

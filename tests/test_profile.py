@@ -80,20 +80,16 @@ def test_timed_records_the_outermost_call_only(tmp_path, monkeypatch):
     assert inner() == 1 and len(profile.read_events(tmp_path / "events.jsonl")) == 1
 
 
-def test_reproduce_profile_measures_a_real_notebook(tmp_path, capsys, monkeypatch):
+def test_reproduce_profile_measures_a_real_notebook(tmp_path, capsys, monkeypatch,
+                                                   fresh_cache):
     """A smoke notebook that trains: its runs, updates and compute appear, phases add up."""
-    from localsgd import data, paths
+    from localsgd import data
 
     if data._find_cifar("cifar10")[0] is None:
         pytest.skip("CIFAR-10 not available locally (set LOCALSGD_DATA); CI provides it")
     # a cache of its own, so the notebook trains even when an earlier test on this xdist
     # worker ran fig06 smoke and cached its runs; decoded data sets are shared (links)
-    shared, own = paths.cache_dir(), tmp_path / "cache"
-    own.mkdir()
-    for sub in ("cifar", "libsvm"):
-        if (shared / sub).is_dir():
-            (own / sub).symlink_to(shared / sub)
-    monkeypatch.setenv("LOCALSGD_CACHE", str(own))  # the kernel inherits it
+    monkeypatch.setenv("LOCALSGD_CACHE", str(fresh_cache()))  # the kernel inherits it
     out = tmp_path / "profile.md"
     code = main(["reproduce", "--mode", "smoke", "--only", "fig06_cifar10_local_sgd",
                  "--out-dir", str(tmp_path / "out"), "--build-dir", str(tmp_path / "b"),
