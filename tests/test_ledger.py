@@ -83,6 +83,19 @@ def test_report_lists_each_verdict_and_why_a_claim_was_not_judged(checkout):
     assert first["the paper's value"] == "3.2"
 
 
+def test_a_speed_up_says_so_beside_its_ratio(checkout):
+    papers, figures = checkout
+    held = str(claims.verdict([2.0, 2.1, 2.2], 0.0, origin=claims.ours("x")))
+    for metric, expected in (("training time speed-up", "0.795 x speed-up"),
+                             ("time ratio", "0.795 x")):
+        _compare(figures / "table05.compare.csv",
+                 [{"artifact": "Table 5", "metric": metric, "value": 0.795, "unit": "x",
+                   "claim": "H = 8 matches H = 1", "verdict": held, "rule": claims.RULE}])
+        rows = report.ledger_rows(papers, figures).set_index(["id", "scale"])
+        assert rows.loc[("t2", "reduced"), "ours"] == expected
+    assert rows.loc[("t1", "reduced"), "ours"] == "1.5 points"  # other units as they were
+
+
 def test_five_verdict_lines_of_at_most_40_words(checkout):
     lines = report.verdict_lines(*checkout)
     assert len(lines) == 5

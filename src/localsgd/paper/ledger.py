@@ -75,8 +75,8 @@ def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.Data
 
 def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """One row per ledger claim and scale it was judged at (its first verdict row there:
-    ``scale``, ``verdict``, ``rule``, ``value``, ``unit`` and the ``tested`` quantity where the
-    row's value is not it), or one row with ``scale`` empty and
+    ``scale``, ``verdict``, ``rule``, ``value``, ``unit``, ``metric`` and the ``tested`` quantity
+    where the row's value is not it), or one row with ``scale`` empty and
     ``verdict`` the ledger's status when no verdict joins it."""
     claims = load_ledger(papers_dir)
     verdicts = verdict_rows(Path(figures_dir))
@@ -87,16 +87,17 @@ def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
         if not len(found):
             out.append({**c.to_dict(), "scale": "", "verdict": c["status"] if c["status"] !=
                         TESTED else UNJOINED, "rule": "", "value": float("nan"), "unit": "",
-                        "tested": ""})
+                        "tested": "", "metric": ""})
             continue
         for scale, group in found.groupby("scale", sort=False):
             first = group.iloc[0]
             out.append({**c.to_dict(), "scale": str(scale), "verdict": first["verdict"],
                         "rule": first["rule"], "value": first["value"],
                         "unit": first["unit"] if isinstance(first["unit"], str) else "",
-                        "tested": first["tested"] if isinstance(first["tested"], str) else ""})
+                        "tested": first["tested"] if isinstance(first["tested"], str) else "",
+                        "metric": first["metric"] if isinstance(first["metric"], str) else ""})
     return pd.DataFrame(out, columns=[*COLUMNS, "source", "scale", "verdict", "rule", "value",
-                                      "unit", "tested"])
+                                      "unit", "tested", "metric"])
 
 
 def unregistered_claims(papers_dir: Path, figures_dir: Path) -> list[str]:
