@@ -78,17 +78,26 @@ def _needs_missing_cifar(nb_id: str) -> bool:
 
 
 # Where the browser test is required (CI sets LOCALSGD_REQUIRE_BROWSER), it runs every notebook
-# at smoke size in JupyterLab and checks the same outputs (`check_smoke_outputs`): running each
-# notebook a second time through papermill would add minutes and no coverage, as the reproduce
-# path on the committed notebooks is run by tests/test_dry_run.py, tests/test_converged_mode.py
-# and the documented `make reproduce MODE=smoke` commands.
+# at smoke size in JupyterLab and checks the same outputs (`check_smoke_outputs`); a notebook that
+# another test also runs through `localsgd reproduce` (papermill) -- a paper dry run
+# (tests/test_dry_run.py) or its converged file (tests/test_converged_mode.py) -- is not run a
+# third time here. The others (no paper dry run, no converged file) still are.
 BROWSER_RUNS_SMOKE = bool(os.environ.get("LOCALSGD_REQUIRE_BROWSER"))
 
 
-@pytest.mark.skipif(BROWSER_RUNS_SMOKE, reason="tests/browser/test_jupyterlab.py runs every "
-                    "notebook at smoke size and checks its outputs (LOCALSGD_REQUIRE_BROWSER)")
+def _reproduced_by_another_test(nb_id: str) -> bool:
+    from localsgd.paper import dry_run
+
+    return (nb_id not in dry_run.SKIP and nb_id not in h.CLUSTER_ONLY) or \
+        (NOTEBOOKS / "params" / nb_id / "converged.yaml").exists()
+
+
 @pytest.mark.parametrize("nb_id", IDS)
 def test_notebook_runs_in_smoke_mode(nb_id, tmp_path, monkeypatch, capsys):
+    if BROWSER_RUNS_SMOKE and _reproduced_by_another_test(nb_id):
+        pytest.skip("tests/browser/test_jupyterlab.py runs it at smoke size and checks its "
+                    "outputs; tests/test_dry_run.py or test_converged_mode.py runs it through "
+                    "localsgd reproduce")
     if _needs_missing_w8a(nb_id):
         pytest.skip("w8a not available locally (set LOCALSGD_DATA); CI provides it")
     if _needs_missing_cifar(nb_id):
