@@ -86,10 +86,9 @@ BROWSER_RUNS_SMOKE = bool(os.environ.get("LOCALSGD_REQUIRE_BROWSER"))
 
 
 def _reproduced_by_another_test(nb_id: str) -> bool:
-    from localsgd.paper import dry_run
+    from test_dry_run import PAPER  # the notebooks it runs dry
 
-    return (nb_id not in dry_run.SKIP and nb_id not in h.CLUSTER_ONLY) or \
-        (NOTEBOOKS / "params" / nb_id / "converged.yaml").exists()
+    return nb_id in PAPER or (NOTEBOOKS / "params" / nb_id / "converged.yaml").exists()
 
 
 @pytest.mark.parametrize("nb_id", IDS)

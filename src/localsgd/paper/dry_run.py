@@ -7,9 +7,9 @@ claim code. So a paper configuration that no longer builds, or a notebook that b
 paper grid, fails on a machine without GPUs. What a dry run does not check: speed, and memory at
 B_loc -- each worker's batch is cut to `BATCH` samples and the evaluation to `EVAL_IMAGES`
 images (and timings such as SlowMo's break-even steps repeated at most N times) so that every
-run of the grid fits a CI budget (`localsgd.memory` estimates memory at
-B_loc; `localsgd.training.plan.check_replica_memory` stops a GPU run that would not fit). Nothing is cached and
-nothing is written to ``figures/``.
+run of the grid fits a CI budget (`localsgd.memory` estimates memory at B_loc;
+`localsgd.training.plan.check_replica_memory` stops a GPU run that would not fit). Nothing is
+cached and nothing is written to ``figures/``.
 
 Paper mode never executes the notebooks that need several nodes or a torchrun launch
 (`localsgd.paper.reproduce.CLUSTER_ONLY`: they are reported as skipped with the commands to run

@@ -554,7 +554,8 @@ def paired_differences(ax: Any, groups: Iterable[tuple[str, Iterable[float], flo
     """A claim about a difference, drawn as the claim judges it: per group (label, its per-seed
     paired differences, the source's difference or None) the seeds (grey), their mean and the
     one-sided 95 % t bounds on each side (the interval `claims.verdict` reads), the source's
-    value as a hollow black diamond; zero, and the claim's tolerance ``band`` (±) when it has one."""
+    value as a hollow black diamond; zero, and the claim's tolerance ``band`` (±) when it has
+    one."""
     from localsgd.paper.confidence import bounds  # deferred: numpy, scipy
 
     labels = []

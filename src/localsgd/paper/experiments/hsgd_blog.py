@@ -281,7 +281,7 @@ def blog_claims(data: pd.DataFrame, *, mode: str, straggler_s: float,
                   "speed-up (its averaging does not overlap backward)", verdict=text,
             # what the verdict tested, beside the source's 10 %: not the break-even value
             tested=(f"best HSGD {t} under {MILD_SLOWDOWN_PCT:g} %"
-                    if (t := tested_text([best.mean()] if len(best) else [], "x")) else ""),
+                    if (t := tested_text([best.mean()], "x")) else ""),
             note=f"{mode}: timing-model prediction; {w_lim} GPUs, rate {rate_lim:g}, stall "
                  f"lengths {list(small_stalls_s)} s; value = slowdown at which the best HSGD "
                  "configuration breaks even (log-linear interpolation)"))
