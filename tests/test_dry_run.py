@@ -29,6 +29,21 @@ def test_dry_run_needs_paper_mode_and_never_writes_figures(capsys):
     assert "never writes into figures/" in capsys.readouterr().err
 
 
+def test_one_seed_per_configuration_unless_a_set_asks_for_more(tmp_path, monkeypatch, capsys):
+    asked = []
+
+    def run(specs, mode, **kw):
+        asked.append(kw["overrides"])
+        return []
+
+    monkeypatch.setattr(reproduce, "run", run)
+    for sets in ([], ["--set", "n_seeds=3"]):
+        assert main(["reproduce", "--mode", "paper", "--dry-run", "2", "--only", "slowmo",
+                     *sets, "--out-dir", str(tmp_path / "out")]) == 0
+    assert [o["n_seeds"] for o in asked] == [1, 3]
+    assert "2 updates per run, 3 seed(s) per configuration" in capsys.readouterr().out
+
+
 def test_skipped_notebooks_say_why(tmp_path, capsys):
     code = main(["reproduce", "--mode", "paper", "--dry-run", "1", "--only", "dynamo_ddp",
                  "--out-dir", str(tmp_path / "out"), "--build-dir", str(tmp_path / "b")])
@@ -50,6 +65,7 @@ def test_paper_configuration_runs_dry(nb_id, tmp_path, monkeypatch):
     assert code == 0
     side = json.loads((out / f"{nb_id}.json").read_text())
     assert side["mode"] == "paper" and side["dry_run_updates"] == 2  # labelled as a dry run
+    assert len(side["params"].get("seeds", [0])) == 1  # one seed per configuration
     after = set(results.glob("*")) if results.exists() else set()
     assert after == before  # nothing cached
     data = pd.read_csv(out / f"{nb_id}.csv")

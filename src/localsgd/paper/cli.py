@@ -59,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="print each notebook's runs, updates, images and estimated GPU-hours "
                    "for --mode (paper by default when given) and exit: nothing runs")
     r.add_argument("--dry-run", type=int, default=None, metavar="N",
-                   help="with --mode paper: run every paper configuration on the CPU for N "
-                   "updates per run (full-size models, the real K, B_loc, H and schedule; 2 "
+                   help="with --mode paper: run every paper configuration on the CPU, one "
+                   "seed each, for N updates per run (full-size models, the real K, B_loc, H and "
+                   "schedule; 2 "
                    "samples per worker and update, a 16-image evaluation) through the notebooks' "
                    "plots and claims; nothing cached, nothing written to figures/")
     r.add_argument("--profile", type=Path, default=None, metavar="FILE",
@@ -227,12 +228,15 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
     try:  # paper mode's own skips (reproduce.CLUSTER_ONLY) come with the commands to run
         results = h.run(specs, "paper", out_dir=out_dir,
                         build_dir=args.build_dir.resolve(), cwd=args.notebooks.resolve().parent,
-                        kernel=args.kernel, sets=sets, overrides={"device": "cpu"},
+                        kernel=args.kernel, sets=sets,
+                        overrides={"device": "cpu", "n_seeds": sets.get("n_seeds", dry_run.SEEDS)},
                         skip=dry_run.SKIP)
     finally:
         del os.environ[dry_run.ENV]
     print(h.summary_table(results))
-    print(f"dry run ({args.dry_run} updates per run; not results): outputs in {out_dir}")
+    seeds = sets.get("n_seeds", dry_run.SEEDS)
+    print(f"dry run ({args.dry_run} updates per run, {seeds} seed(s) per configuration; not "
+          f"results): outputs in {out_dir}")
     return _exit_code(results)
 
 

@@ -3,7 +3,9 @@
 Every notebook's paper configuration is executed on the CPU -- its real grid of runs, each with
 the paper's model at full size, the real K, B_loc, H, H^b, schedule, learning-rate rule and outer
 step -- for N updates per run and one evaluation, then through the notebook's tables, plots and
-claim code. So a paper configuration that no longer builds, or a notebook that breaks on the
+claim code. Each configuration runs for one seed (`SEEDS`, unless ``--set n_seeds=...`` asks
+for more): another seed runs the same code on other random numbers, and a dry run's numbers are
+no results to average. So a paper configuration that no longer builds, or a notebook that breaks on the
 paper grid, fails on a machine without GPUs. What a dry run does not check: speed, and memory at
 B_loc -- each worker's batch is cut to `BATCH` samples and the evaluation to `EVAL_IMAGES`
 images (and timings such as SlowMo's break-even steps repeated at most N times) so that every
@@ -24,6 +26,7 @@ import os
 ENV = "LOCALSGD_DRY_RUN"
 BATCH = 2  # samples per worker and update in a dry run
 EVAL_IMAGES = 16  # test images of the one evaluation per run
+SEEDS = 1  # n_seeds of every notebook that defines it, unless --set gives n_seeds
 
 # Skipped by dry runs only (paper mode's own skips: `localsgd.paper.reproduce.CLUSTER_ONLY`).
 SKIP = {
