@@ -8,10 +8,28 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+DECODED = ("cifar", "libsvm")  # the cache's decoded data sets (written atomically)
+
+
+def _session_cache(tmp_path_factory) -> Path:
+    """This worker's cache, whose decoded data sets are shared by every worker of the session:
+    under pytest-xdist each worker has a base folder of its own inside the session's, and each
+    would otherwise decode CIFAR-10's 60,000 JPEGs again (about 7 s of CPU)."""
+    base = tmp_path_factory.getbasetemp()
+    cache = base / "cache"
+    if not cache.is_dir():
+        session = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        cache.mkdir()
+        for sub in DECODED:
+            (session / "decoded" / sub).mkdir(parents=True, exist_ok=True)
+            (cache / sub).symlink_to(session / "decoded" / sub, target_is_directory=True)
+    return cache
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # Decoded datasets are worth sharing between tests; result caches are not.
-    monkeypatch.setenv("LOCALSGD_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    monkeypatch.setenv("LOCALSGD_CACHE", str(_session_cache(tmp_path_factory)))
     # no test reads or writes the committed kept runs (figures/*/runs/) unless it sets its own
     # folder (grid.RUNS_ENV; empty: none), nor leaves one set for the tests after it
     monkeypatch.setenv("LOCALSGD_RUNS", "")
@@ -25,8 +43,7 @@ def fresh_cache(tmp_path):
     def make(name: str = "cache") -> Path:
         shared, own = Path(os.environ["LOCALSGD_CACHE"]), tmp_path / name
         own.mkdir()
-        for sub in ("cifar", "libsvm"):
-            (shared / sub).mkdir(parents=True, exist_ok=True)
+        for sub in DECODED:
             (own / sub).symlink_to(shared / sub, target_is_directory=True)
         return own
     return make
