@@ -27,12 +27,14 @@ reproduce: $(STAMP)
 # two xdist workers on two cores: one OpenMP thread each avoids oversubscription; an idle
 # worker steals queued tests (worksteal), so the long notebook tests do not end on one worker.
 # The documented commands and the fresh-venv install run after the rest: their many-process
-# launches and torch install would disturb the tests that measure time.
+# launches and torch install would disturb the tests that measure time. The install, the
+# longest of them, is listed first: each worker starts on its half of the list in order, so
+# listed last it ran alone at the end.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist worksteal tests \
 	  --deselect tests/test_doc_commands.py --deselect tests/test_base_install.py
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist worksteal tests/test_doc_commands.py \
-	  tests/test_base_install.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist worksteal tests/test_base_install.py \
+	  tests/test_doc_commands.py
 
 # JupyterLab on loopback (the printed URL carries the token), opened on notebooks/ with this
 # venv's kernel "python3"; Agg (set by CI) would hide the inline figures, hence env -u MPLBACKEND;
