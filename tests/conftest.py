@@ -44,6 +44,7 @@ def fresh_cache(tmp_path):
         shared, own = Path(os.environ["LOCALSGD_CACHE"]), tmp_path / name
         own.mkdir()
         for sub in DECODED:
+            (shared / sub).mkdir(parents=True, exist_ok=True)
             (own / sub).symlink_to(shared / sub, target_is_directory=True)
         return own
     return make

@@ -78,7 +78,8 @@ def _needs_missing_cifar(nb_id: str) -> bool:
 
 
 # Where the browser test is required (CI sets LOCALSGD_REQUIRE_BROWSER), it runs every notebook
-# at smoke size in JupyterLab, with this mode's parameters, and checks the same outputs
+# at smoke size in JupyterLab, with smoke.yaml's parameters (appB_comm_cost: typed into its
+# cell; the documented commands run its smoke mode), and checks the same outputs
 # (`check_smoke_outputs`), so the papermill run here would execute the same cells a second time.
 # What papermill adds is the same for every notebook (parameters injected as a cell, executed
 # copy, report), and other tests exercise it: a paper dry run of 15 notebooks

@@ -61,9 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--dry-run", type=int, default=None, metavar="N",
                    help="with --mode paper: run every paper configuration on the CPU, one "
                    "seed each, for N updates per run (full-size models, the real K, B_loc, H and "
-                   "schedule; 2 "
-                   "samples per worker and update, a 16-image evaluation) through the notebooks' "
-                   "plots and claims; nothing cached, nothing written to figures/")
+                   "schedule; 2 samples per worker and update, a 16-image evaluation) through "
+                   "the notebooks' plots and claims; nothing cached, nothing written to figures/")
     r.add_argument("--profile", type=Path, default=None, metavar="FILE",
                    help="also record where each notebook's time goes (kernel start, imports, "
                    "data, model compute, engine, evaluation, saving, other) and write the table "

@@ -3,10 +3,12 @@
 Every notebook's paper configuration is executed on the CPU -- its real grid of runs, each with
 the paper's model at full size, the real K, B_loc, H, H^b, schedule, learning-rate rule and outer
 step -- for N updates per run and one evaluation, then through the notebook's tables, plots and
-claim code. Each configuration runs for one seed (`SEEDS`, unless ``--set n_seeds=...`` asks
-for more): another seed runs the same code on other random numbers, and a dry run's numbers are
-no results to average. So a paper configuration that no longer builds, or a notebook that breaks on the
-paper grid, fails on a machine without GPUs. What a dry run does not check: speed, and memory at
+claim code. Each configuration runs for one seed (`SEEDS`; ``--only`` notebooks that define
+``n_seeds`` and ``--set n_seeds=K`` run K): another seed runs the same code on other random
+numbers, and nothing a dry run computes is a result. With one seed the claims read
+inconclusive; their multi-seed path runs in the converged files' tests at two seeds and in the
+claims' unit tests. So a paper configuration that no longer builds, or a notebook that breaks on
+the paper grid, fails on a machine without GPUs. What a dry run does not check: speed, and memory at
 B_loc -- each worker's batch is cut to `BATCH` samples and the evaluation to `EVAL_IMAGES`
 images (and timings such as SlowMo's break-even steps repeated at most N times) so that every
 run of the grid fits a CI budget (`localsgd.memory` estimates memory at B_loc;
