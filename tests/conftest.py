@@ -19,10 +19,16 @@ def _session_cache(tmp_path_factory) -> Path:
     cache = base / "cache"
     if not cache.is_dir():
         session = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-        cache.mkdir()
-        for sub in DECODED:
-            (session / "decoded" / sub).mkdir(parents=True, exist_ok=True)
-            (cache / sub).symlink_to(session / "decoded" / sub, target_is_directory=True)
+        _link_decoded(cache, session / "decoded")
+    return cache
+
+
+def _link_decoded(cache: Path, shared: Path) -> Path:
+    """A new cache folder whose decoded data sets are links into ``shared``."""
+    cache.mkdir()
+    for sub in DECODED:
+        (shared / sub).mkdir(parents=True, exist_ok=True)
+        (cache / sub).symlink_to(shared / sub, target_is_directory=True)
     return cache
 
 
@@ -41,12 +47,7 @@ def fresh_cache(tmp_path):
     session's decoded data sets (links to its ``cifar/`` and ``libsvm/``): decoding CIFAR-10's
     60,000 JPEGs again would cost each such test about 7 s of CPU."""
     def make(name: str = "cache") -> Path:
-        shared, own = Path(os.environ["LOCALSGD_CACHE"]), tmp_path / name
-        own.mkdir()
-        for sub in DECODED:
-            (shared / sub).mkdir(parents=True, exist_ok=True)
-            (own / sub).symlink_to(shared / sub, target_is_directory=True)
-        return own
+        return _link_decoded(tmp_path / name, Path(os.environ["LOCALSGD_CACHE"]))
     return make
 
 

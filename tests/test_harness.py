@@ -88,11 +88,10 @@ def _needs_missing_cifar(nb_id: str) -> bool:
 BROWSER_RUNS_SMOKE = bool(os.environ.get("LOCALSGD_REQUIRE_BROWSER"))
 
 
+@pytest.mark.skipif(BROWSER_RUNS_SMOKE, reason="tests/browser/test_jupyterlab.py runs every "
+                    "notebook at smoke size and checks its outputs (LOCALSGD_REQUIRE_BROWSER)")
 @pytest.mark.parametrize("nb_id", IDS)
 def test_notebook_runs_in_smoke_mode(nb_id, tmp_path, monkeypatch, capsys):
-    if BROWSER_RUNS_SMOKE:
-        pytest.skip("tests/browser/test_jupyterlab.py runs it at smoke size and checks its "
-                    "outputs (LOCALSGD_REQUIRE_BROWSER is set)")
     if _needs_missing_w8a(nb_id):
         pytest.skip("w8a not available locally (set LOCALSGD_DATA); CI provides it")
     if _needs_missing_cifar(nb_id):

@@ -223,17 +223,17 @@ def _dry_run(args: argparse.Namespace, h: Any, specs: list, figures: Path,
     out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="localsgd-dry-run-"))).resolve()
     if out_dir == figures.resolve() or figures.resolve() in out_dir.parents:
         raise ValueError("a dry run never writes into figures/: pick another --out-dir (or none)")
+    seeds = sets.get("n_seeds", dry_run.SEEDS)
     os.environ[dry_run.ENV] = str(args.dry_run)  # the kernels inherit it
     try:  # paper mode's own skips (reproduce.CLUSTER_ONLY) come with the commands to run
         results = h.run(specs, "paper", out_dir=out_dir,
                         build_dir=args.build_dir.resolve(), cwd=args.notebooks.resolve().parent,
                         kernel=args.kernel, sets=sets,
-                        overrides={"device": "cpu", "n_seeds": sets.get("n_seeds", dry_run.SEEDS)},
+                        overrides={"device": "cpu", "n_seeds": seeds},
                         skip=dry_run.SKIP)
     finally:
         del os.environ[dry_run.ENV]
     print(h.summary_table(results))
-    seeds = sets.get("n_seeds", dry_run.SEEDS)
     print(f"dry run ({args.dry_run} updates per run, {seeds} seed(s) per configuration; not "
           f"results): outputs in {out_dir}")
     return _exit_code(results)
