@@ -1,7 +1,9 @@
 """A run's plan (`localsgd.training.plan`): resolved once from the config and the machine, frozen,
 read by the engine builder, the loop, resume and the runners, shown in checkpoints."""
 
+import ast
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from localsgd.training import plan as run_plan
 from localsgd.training.checkpoint import load_checkpoint
 from localsgd.training.config import TrainConfig
 from localsgd.training.loop import build_engine, train
+
+PACKAGE = Path(run_plan.__file__).resolve().parents[1]
 
 TINY = TrainConfig(dataset="synthetic", model="resnet20", width=0.25, world_size=2,
                    local_batch=4, local_steps=2, epochs=1.0, dtype="float32")
@@ -61,3 +65,84 @@ def test_a_checkpoint_holds_the_plan_it_was_written_under(tmp_path, synth):
     ran = load_checkpoint(ckpt, TINY)["ran"]
     assert ran == {**run_plan.plan_run(TINY).to_dict(), "batched": False}
     assert ran["engine"] == "sequential" and ran["device"] == "cpu"
+
+
+def test_an_engine_built_on_its_own_takes_the_config_s_host_threads():
+    # outside `train` torch's threads are not set to 1, so the replicas take host threads only
+    # where the config names them (runner 'engine')
+    assert run_plan.plan_run(TINY, "engine").threads == 0
+    assert run_plan.plan_run(dataclasses.replace(TINY, host_threads=3), "engine").threads == 3
+    assert run_plan.plan_run(TINY, "engine").engine == "sequential"
+
+
+def test_a_torchrun_launch_places_every_run_on_one_device():
+    placement = run_plan.torchrun_placement([TINY, dataclasses.replace(TINY, seed=1)], "gloo")
+    assert (placement.device, placement.backend) == (torch.device("cpu"), "gloo")
+    with pytest.raises(ValueError, match=r"ask for devices \['cpu', 'cuda'\]; one launch"):
+        run_plan.torchrun_placement([TINY, dataclasses.replace(TINY, device="cuda")], None)
+
+
+# What `plan_run` decides from a config. No module reads these fields of a config again (a
+# second decision, which could disagree with the plan's), except where the reason is given.
+PLANNED = {"device", "batched", "packed", "host_threads", "precision", "memory_format",
+           "compile_replicas", "deterministic"}
+CONFIG_NAMES = {"cfg", "asked", "base", "c", "config", "recipe"}  # how the package names one
+READS_ALLOWED = {
+    "training/plan.py": "the plan itself",
+    "training/loop.py:_resume:batched": "the refused resume's message names the asked value",
+    "paper/campaign.py:entry_configs:batched": "refuses an entry that asks for the sequential "
+                                               "engine, before any plan: a pack runs the batched one",
+    "paper/experiments/grid.py:run_grid:device": "labels the console's time estimate as the CPU "
+                                                 "proxy's; runs nothing",
+    "paper/gpu_check.py:loop:batched": "the sweep's table shows the asked config",
+    "paper/gpu_check.py:loop:precision": "the sweep's table shows the asked config",
+}
+
+
+def planned_field_reads(root: Path) -> list[str]:
+    """``file:function:field (line N)`` (file relative to ``root``, the innermost function, or
+    ``<module>``) of every read of a `PLANNED` field of a config-named variable under ``root``,
+    outside `READS_ALLOWED`."""
+    found = []
+
+    class Reads(ast.NodeVisitor):
+        def __init__(self, rel: str) -> None:
+            self.rel, self.func = rel, "<module>"
+
+        def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+            outer, self.func = self.func, node.name
+            self.generic_visit(node)
+            self.func = outer
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
+        def visit_Attribute(self, node: ast.Attribute) -> None:
+            if (node.attr in PLANNED and isinstance(node.value, ast.Name)
+                    and node.value.id in CONFIG_NAMES):
+                where = f"{self.rel}:{self.func}:{node.attr}"
+                if where not in READS_ALLOWED:
+                    found.append(f"{where} (line {node.lineno})")
+            self.generic_visit(node)
+
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel not in READS_ALLOWED:
+            Reads(rel).visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def test_no_module_decides_again_what_the_plan_decided():
+    reads = planned_field_reads(PACKAGE)
+    assert not reads, ("these read a field `plan_run` decides from the config; read the "
+                       f"RunPlan instead (or give the reason in READS_ALLOWED): {reads}")
+    stale = [k for k in READS_ALLOWED if not (PACKAGE / k.split(":")[0]).is_file()]
+    assert not stale, f"READS_ALLOWED names files that do not exist: {stale}"
+
+
+def test_a_planted_second_decision_is_found(tmp_path):
+    engines = tmp_path / "engines"
+    engines.mkdir()
+    (engines / "fast.py").write_text(
+        "def build(cfg, plan):\n"
+        "    return 'vmap' if cfg.batched else 'loop'\n")
+    assert planned_field_reads(tmp_path) == ["engines/fast.py:build:batched (line 2)"]

@@ -182,7 +182,8 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     says) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
     (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
     ``plan``: how this machine runs it (default `localsgd.training.plan.plan_run` of ``cfg`` for
-    ``kind``); its device, engine and host threads are used as they are."""
+    an engine built on its own, or for ``kind="ddp"``); its device, engine, host threads and
+    compilation are used as they are."""
     if kind not in ENGINES:
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
     if kind == "replicas" and options:
@@ -190,9 +191,8 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     if kind == "ddp" and cfg.peers_per_step != 1:
         raise ValueError(f"peers_per_step={cfg.peers_per_step}: the ddp engine gossips with one "
                          "peer per round; use peers_per_step=1 or the replicas engine")
-    if plan is None:  # built outside `train`, which sets torch's threads for its plan: the
-        # replicas take host threads only where the config names them
-        plan = dataclasses.replace(plan_run(cfg, kind), threads=cfg.host_threads)
+    if plan is None:  # built on its own, outside `train`
+        plan = plan_run(cfg, "engine" if kind == "replicas" else kind)
     parts = engine_parts(cfg, n_train, num_classes)
     if kind == "ddp":
         engine = DDPEngine(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,
@@ -202,7 +202,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          num_classes=num_classes, **options)
         parts.apply_state_sync(engine.comm)
         return engine
-    kw = ({"packed": plan.packed, "compile": cfg.compile_replicas} if plan.batched
+    kw = ({"packed": plan.packed, "compile": plan.compile} if plan.batched
           else {"threads": max(1, plan.threads)})
     engine_cls = BatchedReplicaEngine if plan.batched else ReplicaEngine
     engine = engine_cls(parts.model_fn, parts.schedule, parts.optimizer_fn, outer=parts.outer,

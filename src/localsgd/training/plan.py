@@ -29,15 +29,16 @@ from localsgd.engines import packed as packing
 from localsgd.training.config import TrainConfig
 
 __all__ = ["ENGINES", "RUNNERS", "RunPlan", "check_replica_memory", "fit_to_memory",
-           "plan_run", "use_batched", "use_packed"]
+           "plan_run", "torchrun_placement", "use_batched", "use_packed"]
 
 # what executes the workers: K replicas in this process one after another, vmapped together,
 # vmapped and packed into channel groups (`localsgd.engines.packed`), one worker per torchrun
 # process, or an engine the caller built (the plan then only fixes device and numerics)
 ENGINES = ("sequential", "batched", "packed", "ddp", "given")
 # who asks for a plan: `localsgd.training.loop.train` with its replica engine, the torchrun runner,
-# a caller's own engine, or a pack of runs (`localsgd.training.packs`, always the batched engine)
-RUNNERS = ("replicas", "ddp", "given", "pack")
+# a caller's own engine, a pack of runs (`localsgd.training.packs`, always the batched engine), or
+# a replica engine built on its own (`localsgd.training.loop.build_engine` outside `train`)
+RUNNERS = ("replicas", "ddp", "given", "pack", "engine")
 
 
 @dataclass(frozen=True)
@@ -106,10 +107,13 @@ def use_packed(cfg: TrainConfig, device: torch.device) -> bool:
         return packing.supports(models_mod.build_model(cfg.model, width=cfg.width))
 
 
-def _host_threads(cfg: TrainConfig, device: torch.device, engine: str) -> int:
+def _host_threads(cfg: TrainConfig, device: torch.device, engine: str, runner: str) -> int:
     """`TrainConfig.host_threads` (0 resolved from torch's intra-op threads now), or 0 where
     torch's threads are left alone: off the CPU, any engine but the sequential one, or a single
-    worker."""
+    worker. An engine built on its own (runner 'engine') takes ``cfg.host_threads`` as it is:
+    only `localsgd.training.loop.train` sets torch's threads to 1 for the replicas' threads."""
+    if runner == "engine":
+        return cfg.host_threads
     if (device.type != "cpu" or engine != "sequential"
             or (cfg.world_size < 2 and not cfg.host_threads)):
         return 0
@@ -132,13 +136,14 @@ def plan_run(cfg: TrainConfig, runner: str = "replicas", *,
                          "worker per process: set batched=False (or 'auto')")
     device = (placement.device if placement is not None
               else device_rule.resolve_from_env(cfg.device, torchrun=False).device)
-    batched = True if runner == "pack" else use_batched(cfg, device,
-                                                        replicas=runner == "replicas")
+    batched = True if runner == "pack" else use_batched(
+        cfg, device, replicas=runner in ("replicas", "engine"))
     if batched:
         engine = "packed" if use_packed(cfg, device) else "batched"
     else:
-        engine = {"replicas": "sequential", "ddp": "ddp", "given": "given"}[runner]
-    threads = _host_threads(cfg, device, engine)
+        engine = {"replicas": "sequential", "engine": "sequential", "ddp": "ddp",
+                  "given": "given"}[runner]
+    threads = _host_threads(cfg, device, engine, runner)
     # the run sets torch's threads to 1 when it spreads replicas over host threads: the layout
     # is chosen for the threads an op will have
     layout = numerics.memory_format(cfg.memory_format, device, threads=1 if threads else None)
@@ -148,6 +153,18 @@ def plan_run(cfg: TrainConfig, runner: str = "replicas", *,
                    memory_format="channels_last" if layout == torch.channels_last
                    else "contiguous",
                    compile=bool(cfg.compile_replicas) and batched)
+
+
+def torchrun_placement(cfgs: list[TrainConfig], backend: str | None) -> device_rule.Placement:
+    """Where this torchrun process's worker lives for ``cfgs`` (one run, or a sweep's runs in one
+    launch): `localsgd.device`'s rule for a torchrun rank, resolved before the process group is
+    joined and handed to `plan_run` as its ``placement``. One launch joins one process group on
+    one device, so every config must ask for the same one (a ValueError otherwise)."""
+    devices = sorted({str(cfg.device) for cfg in cfgs})
+    if len(devices) > 1:
+        raise ValueError(f"the sweep's runs ask for devices {devices}; one launch joins one "
+                         "process group on one device: give every run the same device")
+    return device_rule.resolve_from_env(cfgs[0].device, backend, torchrun=True)
 
 
 def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[int, ...],

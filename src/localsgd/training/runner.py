@@ -43,7 +43,7 @@ from localsgd.paths import append_event
 from localsgd.training.batch_sources import load_dataset
 from localsgd.training.config import TrainConfig
 from localsgd.training.loop import build_engine, train
-from localsgd.training.plan import plan_run
+from localsgd.training.plan import plan_run, torchrun_placement
 from localsgd.training.runner_args import (
     SWEEP_OPTIONS,
     add_run_arguments,
@@ -91,7 +91,7 @@ def _single(args: argparse.Namespace, rank: int, world: int) -> int:
         cfg = resolve_config(args, world)
         prepare_resume(args, f"run.rank{rank}.step*.pt")
         engine_options(args, cfg.seed)  # validates the straggler options
-        placement = device_rule.resolve_from_env(cfg.device, args.backend, torchrun=True)
+        placement = torchrun_placement([cfg], args.backend)
     except (ValueError, OSError) as err:  # DeviceError included: no CUDA, nccl on cpu, ...
         return _fail(rank, err)
     init_from_env(placement=placement)
@@ -130,11 +130,7 @@ def _sweep(args: argparse.Namespace, rank: int, world: int) -> int:
         for name, _, _ in runs:
             if (args.out / name / "summary.json").exists():
                 raise ValueError(f"{args.out / name} holds an earlier run; choose another --out")
-        devices = sorted({cfg.device for _, _, cfg in runs})
-        if len(devices) > 1:
-            raise ValueError(f"the sweep's runs ask for devices {devices}; one launch joins one "
-                             "process group on one device: give every run the same device")
-        placement = device_rule.resolve_from_env(devices[0], args.backend, torchrun=True)
+        placement = torchrun_placement([cfg for _, _, cfg in runs], args.backend)
     except (ValueError, OSError) as err:
         return _fail(rank, err)
     init_from_env(placement=placement)

@@ -11,8 +11,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from localsgd.paper.experiments.claims import (claim_row, combine, model_outcome, tested_text,
-                                               verdict)
+from localsgd.paper.experiments.claims import (
+    claim_row,
+    combine,
+    model_outcome,
+    tested_text,
+    verdict,
+)
 from localsgd.paper.notebook import ParameterError
 from localsgd.timing.cluster import Cluster
 from localsgd.timing.scheme import Scheme
