@@ -26,12 +26,14 @@ reproduce: $(STAMP)
 
 # three xdist workers on two cores, one OpenMP thread each: a worker waiting for a kernel,
 # a torchrun rendezvous or the browser leaves its core idle (5 % of the first run's CPU time
-# with two workers, 2 % with three: docs/notebooks.md); tests that bound wall time scale the
-# bound by the load they measure (tests/conftest.py: slowdown). An idle worker steals queued
-# tests (worksteal), so the long notebook tests do not end on one worker. The documented commands and the fresh-venv install run after the rest: their
-# many-process launches and torch install would disturb the tests that measure time. The
-# install, the longest of them, is listed first: each worker starts on its part of the list in
-# order, so listed last it ran alone at the end.
+# with two workers, 2 % with three: docs/notebooks.md, where the wall times, within the
+# machine's hour-to-hour drift, are too). Tests that bound wall time scale the bound by the
+# load they measure (tests/conftest.py: slowdown). An idle worker steals queued tests
+# (worksteal), so the long notebook tests do not end on one worker. The documented commands
+# and the fresh-venv install run after the rest: their many-process launches and torch install
+# would disturb the tests that measure time. The install, the longest of them, is listed
+# first: each worker starts on its part of the list in order, so listed last it ran alone at
+# the end.
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist worksteal tests \
 	  --deselect tests/test_doc_commands.py --deselect tests/test_base_install.py

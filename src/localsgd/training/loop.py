@@ -181,9 +181,9 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
     """The engine for ``cfg``: ``kind="replicas"`` (sequential, batched or packed as ``plan``
     says) in this process, or ``kind="ddp"``: this process's worker of a torchrun job
     (`localsgd.engines.ddp.DDPEngine`; ``options`` are its runner options, e.g. stragglers).
-    ``plan``: how this machine runs it (default `localsgd.training.plan.plan_run` of ``cfg`` for
-    an engine built on its own, or for ``kind="ddp"``); its device, engine, host threads and
-    compilation are used as they are."""
+    ``plan``: how this machine runs it (default: `localsgd.training.plan.plan_run` of ``cfg``
+    with runner ``'engine'`` for the replicas, ``'ddp'`` for ddp); its device, engine, host
+    threads and compilation are used as they are."""
     if kind not in ENGINES:
         raise ValueError(f"engine kind {kind!r}; valid: {ENGINES}")
     if kind == "replicas" and options:

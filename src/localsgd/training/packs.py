@@ -133,7 +133,7 @@ def train_runs(cfgs: Sequence[TrainConfig], *, dataset: data_mod.ImageDataset | 
                        for b in run.batches(p, epoch, pos, limit)]
             t1 = time.perf_counter()
             stats: dict = {}
-            with numerics.autocast(cfgs[0].precision, device):
+            with numerics.autocast(plan.precision, device):
                 losses, actions = pack.step(batches, nn.functional.cross_entropy, stats=stats)
             step_s = time.perf_counter() - t1
             for r, (run, action) in enumerate(zip(runs, actions, strict=True)):

@@ -110,10 +110,10 @@ def use_packed(cfg: TrainConfig, device: torch.device) -> bool:
 def _host_threads(cfg: TrainConfig, device: torch.device, engine: str, runner: str) -> int:
     """`TrainConfig.host_threads` (0 resolved from torch's intra-op threads now), or 0 where
     torch's threads are left alone: off the CPU, any engine but the sequential one, or a single
-    worker. An engine built on its own (runner 'engine') takes ``cfg.host_threads`` as it is:
-    only `localsgd.training.loop.train` sets torch's threads to 1 for the replicas' threads."""
+    worker. A sequential engine built on its own (runner 'engine') takes ``cfg.host_threads`` as
+    it is: only `localsgd.training.loop.train` sets torch's threads to 1 for the replicas'."""
     if runner == "engine":
-        return cfg.host_threads
+        return cfg.host_threads if engine == "sequential" else 0
     if (device.type != "cpu" or engine != "sequential"
             or (cfg.world_size < 2 and not cfg.host_threads)):
         return 0
@@ -124,8 +124,8 @@ def plan_run(cfg: TrainConfig, runner: str = "replicas", *,
              placement: device_rule.Placement | None = None) -> RunPlan:
     """The `RunPlan` of ``cfg`` on this machine, for ``runner`` (one of `RUNNERS`).
 
-    The device comes from ``placement`` (the torchrun runner resolves it before joining its
-    process group) or from `localsgd.device`'s rule for one process (an absent GPU or index is
+    The device comes from ``placement`` (`torchrun_placement`, which the torchrun runner calls
+    before joining its process group) or from `localsgd.device`'s rule for one process (an absent GPU or index is
     a `localsgd.device.DeviceError` naming the fix). The engine: 'ddp' under torchrun; for the
     replicas the batched one where `use_batched` says so, packed where `use_packed` says so;
     a pack of runs is always batched."""
