@@ -92,8 +92,9 @@ CONFIG_LISTS = {"cfgs", "configs", "asked"}
 READS_ALLOWED = {  # a file (every read in it) or file:function:field
     "training/plan.py": "the plan itself",
     "training/loop.py:_resume:batched": "the refused resume's message names the asked value",
-    "paper/campaign.py:entry_configs:batched": "refuses an entry that asks for the sequential "
-                                               "engine, before any plan: a pack runs the batched one",
+    "paper/campaign.py:entry_configs:batched": ("refuses an entry that asks for the "
+                                                "sequential engine, before any plan: a pack "
+                                                "runs the batched one"),
     "paper/experiments/grid.py:run_grid:device": "labels the console's time estimate as the CPU "
                                                  "proxy's; runs nothing",
     "paper/gpu_check.py:loop:batched": "the loop's table (loop.csv) shows the asked config",
@@ -147,7 +148,8 @@ def test_no_module_decides_again_what_the_plan_decided():
     unexplained = [f"{where} (line {line})" for where, line in reads
                    if where not in READS_ALLOWED]
     assert not unexplained, ("these read a field `plan_run` decides from the config; read the "
-                             f"RunPlan instead (or give the reason in READS_ALLOWED): {unexplained}")
+                             "RunPlan instead (or give the reason in READS_ALLOWED): "
+                             f"{unexplained}")
     seen = {where for where, _ in reads}
     stale = [k for k in READS_ALLOWED
              if (k not in seen if ":" in k else not (PACKAGE / k).is_file())]

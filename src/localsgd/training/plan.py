@@ -125,10 +125,10 @@ def plan_run(cfg: TrainConfig, runner: str = "replicas", *,
     """The `RunPlan` of ``cfg`` on this machine, for ``runner`` (one of `RUNNERS`).
 
     The device comes from ``placement`` (`torchrun_placement`, which the torchrun runner calls
-    before joining its process group) or from `localsgd.device`'s rule for one process (an absent GPU or index is
-    a `localsgd.device.DeviceError` naming the fix). The engine: 'ddp' under torchrun; for the
-    replicas the batched one where `use_batched` says so, packed where `use_packed` says so;
-    a pack of runs is always batched."""
+    before joining its process group) or from `localsgd.device`'s rule for one process (an
+    absent GPU or index is a `localsgd.device.DeviceError` naming the fix). The engine: 'ddp'
+    under torchrun; for the replicas the batched one where `use_batched` says so, packed where
+    `use_packed` says so; a pack of runs is always batched."""
     if runner not in RUNNERS:
         raise ValueError(f"runner {runner!r}; valid: {RUNNERS}")
     if runner == "ddp" and cfg.batched is True:
