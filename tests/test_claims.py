@@ -187,11 +187,85 @@ def test_regime_names_an_underfit_configuration():
     mini = _side(50.0, 51.0, [49.9, 50.0, 50.0])
     v = c.regime({"local SGD": local, "mini-batch SGD": mini})
     assert v.outcome == c.NOT_IN_REGIME
-    assert "mini-batch SGD underfits: its train top-1 51.0 % < local SGD's test top-1 78.0 %" \
-        in v.reason
+    assert ("mini-batch SGD underfits: its train top-1 over its last epoch 51.0 % < local SGD's "
+            "test top-1 78.0 %") in v.reason
     assert "local SGD underfits" not in v.reason
     # a claim that a run fails to train compares no fit: pairs=[] checks convergence only
     assert c.regime({"local SGD": local, "mini-batch SGD": mini}, pairs=[]) is None
+
+
+def _epochs(train_last: float, train_before: float, *, seed: int, test: float = 79.0,
+            steps_per_epoch: int = 100, tail_steps: int = 6, lr_phase=None,
+            test_phase=None) -> pd.DataFrame:
+    """One run of 20 records at K = 2, B_loc = 128: 19 epochs of ``steps_per_epoch`` updates
+    (train top-1 ``train_before``), then a last record after only ``tail_steps`` more updates
+    (train top-1 ``train_last``): the partial epoch a record schedule leaves at the end."""
+    steps = [steps_per_epoch * (e + 1) for e in range(19)] + [19 * steps_per_epoch + tail_steps]
+    epoch = [s / steps_per_epoch for s in steps]
+    n = len(steps)
+    return pd.DataFrame({
+        "epoch": epoch, "step": steps, "seed": seed, "world_size": 2, "local_batch": 128,
+        "train_acc": [train_before] * (n - 1) + [train_last],
+        "test_acc": test_phase if test_phase is not None else [test] * n,
+        "lr_last": lr_phase if lr_phase is not None else [0.1] * n,
+        "test_images": 10000})
+
+
+def test_the_underfit_test_reads_a_full_epoch_not_the_last_partial_one():
+    # the planted case of issue 62 (Table 6, global 0.3): a last record of 6 updates (1,536
+    # images) whose train top-1 dips below the other side's test top-1, the epoch before it
+    # well above it
+    noisy = pd.concat([_epochs(78.6, 82.0, seed=s, test=78.0).assign(run=s) for s in range(3)])
+    other = pd.concat([_epochs(82.0, 82.0, seed=s, test=79.0).assign(run=10 + s)
+                       for s in range(3)])
+    a, b = c.final_rows(noisy), c.final_rows(other)
+    assert a.train_acc.tolist() == pytest.approx([78.6] * 3)  # the partial epoch's
+    # back from the last record until the intervals span an epoch: the last 6 updates and the
+    # 100 of the record before, weighted by their updates
+    assert a.train_acc_epoch.iloc[0] == pytest.approx((82.0 * 100 + 78.6 * 6) / 106)
+    assert a.train_images_epoch.iloc[0] == 106 * 2 * 128
+    assert c.regime({"global 0.3": a, "local 0.9": b}) is None
+    # judged as before, on the partial epoch with no margin, the same runs were excluded
+    legacy = a.drop(columns=["train_acc_epoch", "train_images_epoch", "test_images"])
+    v = c.regime({"global 0.3": legacy, "local 0.9": b.drop(columns="test_images")})
+    assert v.outcome == c.NOT_IN_REGIME and "global 0.3 underfits" in v.reason
+
+
+def test_the_underfit_margin_comes_from_the_measured_noise():
+    seeds = [80.0, 80.4, 79.6]
+    a = pd.DataFrame({"train_acc_epoch": seeds, "train_images_epoch": 25600.0,
+                      "test_acc": 78.0, "tail_move": 0.1})
+    b = pd.DataFrame({"test_acc": [80.5, 80.5, 80.5], "test_images": 10000,
+                      "train_acc_epoch": 90.0, "tail_move": 0.1})
+    margin = c.underfit_margin(a, b)
+    se_a = max(0.4 / math.sqrt(3), 100 * math.sqrt(0.8 * 0.2 / 25600) / math.sqrt(3))
+    se_b = 100 * math.sqrt(0.805 * 0.195 / 10000) / math.sqrt(3)
+    assert margin == pytest.approx(1.645 * math.hypot(se_a, se_b))
+    assert c.regime({"A": a, "B": b}, pairs=[("A", "B")]) is None  # 0.5 below: within it
+    far = a.assign(train_acc_epoch=[78.0, 78.4, 77.6])
+    v = c.regime({"A": far, "B": b}, pairs=[("A", "B")])
+    assert v.outcome == c.NOT_IN_REGIME and f"{margin:.2f}-point margin" in v.reason
+
+
+def test_a_run_still_rising_before_its_last_decay_fails_the_plateau_test():
+    lr = [0.1] * 10 + [0.01] * 5 + [0.001] * 5  # decays at 50 % and 75 %
+    flat_tail = [78.0] * 5
+    rising = [50.0 + 2 * i for i in range(10)] + [70.0, 71.5, 73.0, 74.5, 76.0] + flat_tail
+    settled = [50.0 + 2 * i for i in range(10)] + [76.0, 76.2, 76.3, 76.5, 76.6] + flat_tail
+    a = c.final_rows(pd.concat([_epochs(90.0, 90.0, seed=s, lr_phase=lr, test_phase=rising)
+                                .assign(run=s) for s in range(3)]))
+    b = c.final_rows(pd.concat([_epochs(90.0, 90.0, seed=s, lr_phase=lr, test_phase=settled)
+                                .assign(run=s) for s in range(3)]))
+    # the last tenth passes both: the tiny final lr moves nothing
+    assert a.tail_move.max() == 0 and b.tail_move.max() == 0
+    # 1.5 points per epoch over the 5 pre-decay records; a tenth of training is 1.906 epochs
+    assert a.phase_slope.iloc[0] == pytest.approx(1.5 * 1.906)
+    v = c.regime({"rising": a, "settled": b}, pairs=[])
+    assert v.outcome == c.NOT_IN_REGIME
+    assert "rising's test top-1 still rises 2.86 points per tenth" in v.reason
+    assert "settled" not in v.reason
+    # no decay in the records (a constant lr): no phase to judge, the last tenth still does
+    assert math.isnan(c.phase_slope(_epochs(90.0, 90.0, seed=0)))
 
 
 def test_regime_leaves_a_side_without_accuracy_to_the_verdict():

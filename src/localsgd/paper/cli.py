@@ -28,6 +28,7 @@ BENCHES = {
     "averaging": "localsgd.paper.bench.averaging",
     "convex": "localsgd.paper.bench.convex",
     "ddp": "localsgd.paper.bench.ddp",
+    "proxy": "localsgd.paper.bench.proxy",
     "replicas": "localsgd.paper.bench.replicas",
 }
 

@@ -19,8 +19,11 @@ notebook computes the quantity (a paired difference where the claim compares two
   inconclusive.
 * **The regime check** (`regime`), before a verdict on trained runs: every configuration the
   claim compares must be in the regime the claim is about -- converged (its test accuracy moves
-  by at most `REGIME_MOVE` points over the last tenth of training) and not underfit against
-  what it is compared with (its final training accuracy not below the other's test accuracy).
+  by at most `REGIME_MOVE` points over the last tenth of training, and rises by at most
+  `REGIME_SLOPE` points per tenth over the phase before its last lr decay, where the lr is
+  still large enough for an unconverged run to move) and not underfit against what it is
+  compared with (its training accuracy over its last full epoch not below the other's test
+  accuracy by more than the `underfit_margin` of their measured noise).
   Otherwise the claim is ``not testable at this budget``, naming the configuration and number.
 * ``data unavailable`` when the data set is not on this machine (never replaced by another);
   ``not measurable`` when no value is finite (e.g. no run reached the target accuracy).
@@ -68,8 +71,9 @@ MEANING = {
     NOT_HELD: "the other one-sided 95 % bound lies on the other side of the threshold",
     INCONCLUSIVE: "the threshold lies within the 95 % bounds, or one seed gives no interval",
     NOT_IN_REGIME: "a compared configuration is not in the claim's regime at this training "
-                   "length: its test accuracy still moves over the last tenth, or it is "
-                   "underfit against what it is compared with (the verdict names it)",
+                   "length: its test accuracy still moves over the last tenth or still rises "
+                   "before the last lr decay, or it is underfit against what it is compared "
+                   "with beyond their noise (the verdict names it)",
     NOT_TESTABLE: "the mechanism the claim rests on is absent by construction at the scale that "
                   "ran (the verdict names it)",
     MODEL_DISAGREES: "the timing model's prediction for the source's own setting lies outside "
@@ -166,6 +170,18 @@ REGIME_TAIL = 0.1  # the last tenth of training
 REGIME_MOVE = 0.5
 REGIME_WHY = ("half the 1-point tolerance of the accuracy claims, so a run still moving cannot "
               "alone carry a verdict across such a threshold")
+# The last tenth passes by construction when its lr is 1 % of the peak (nothing moves there,
+# converged or not), so the plateau is also tested where an unconverged run still moves: the
+# phase before the last lr decay (lr at 10 % of the peak in the paper's schedule). Its test top-1
+# may rise by at most this many points per tenth of training (least-squares slope over the
+# phase's records): our tolerance (REGIME_SLOPE_WHY).
+REGIME_SLOPE = 1.0
+REGIME_SLOPE_WHY = ("the accuracy claims' 1-point tolerance: a run still gaining more than that "
+                    "per tenth of training before its last decay had more to gain from updates "
+                    "than the claims tolerate")
+# One-sided 95 % normal quantile: the underfit test's margin is this many standard errors of
+# the difference of the two sides' mean accuracies (`underfit_margin`).
+UNDERFIT_Z = 1.645
 
 
 def tail_move(records: pd.DataFrame, column: str = "test_acc") -> float:
@@ -179,15 +195,95 @@ def tail_move(records: pd.DataFrame, column: str = "test_acc") -> float:
     return float(tail.max() - tail.min()) if len(tail) >= 2 else math.nan
 
 
+def phase_slope(records: pd.DataFrame, column: str = "test_acc") -> float:
+    """The least-squares slope of ``column`` in points per tenth of training over one run's
+    phase before its last learning-rate step decay (the records after the previous decay, or
+    from the start, up to the decay; a decay is a record whose ``lr_last`` is under a fifth of
+    the one before). NaN without an ``lr_last`` column, without a decay, or with fewer than
+    three records in the phase: a schedule with no decay has no such phase, and the last tenth's
+    move (`tail_move`) still judges it."""
+    if records.empty or not {"epoch", "lr_last", column} <= set(records.columns):
+        return math.nan
+    ordered = records.sort_values("epoch", kind="stable")
+    lr = ordered["lr_last"].astype(float).to_numpy()
+    decays = [i for i in range(1, len(lr)) if lr[i] < lr[i - 1] / 5]
+    if not decays:
+        return math.nan
+    start = decays[-2] + 1 if len(decays) >= 2 else 0
+    phase = ordered.iloc[start:decays[-1]]
+    if len(phase) < 3:
+        return math.nan
+    x = phase["epoch"].astype(float).to_numpy() / float(ordered["epoch"].max())
+    y = phase[column].astype(float).to_numpy()
+    return float(np.polyfit(x, y, 1)[0]) * REGIME_TAIL
+
+
+def epoch_train_acc(records: pd.DataFrame) -> tuple[float, float]:
+    """One run's training top-1 over its last full epoch and the images it counts: the records'
+    ``train_acc`` (each the mean over its interval's mini-batches), weighted by their intervals'
+    updates, from the last record back until the intervals span one epoch (``epoch`` column).
+    The last record alone may count a few updates (a partial epoch: about 1,536 images at K = 2,
+    a standard error near one point); an epoch counts all of them. Images are NaN without the
+    ``world_size`` and ``local_batch`` columns; both values NaN without ``step``."""
+    if records.empty or not {"epoch", "step", "train_acc"} <= set(records.columns):
+        return math.nan, math.nan
+    ordered = records.sort_values("step", kind="stable")
+    steps = ordered["step"].astype(float).to_numpy()
+    epochs = ordered["epoch"].astype(float).to_numpy()
+    acc = ordered["train_acc"].astype(float).to_numpy()
+    weights = np.diff(steps, prepend=0.0)
+    span_start = np.concatenate([[0.0], epochs[:-1]])
+    first = len(acc) - 1
+    while first > 0 and epochs[-1] - span_start[first] < 1.0 - 1e-9:
+        first -= 1
+    w = weights[first:]
+    value = float(np.average(acc[first:], weights=w)) if w.sum() > 0 else float(acc[-1])
+    images = math.nan
+    if {"world_size", "local_batch"} <= set(ordered.columns):
+        images = float(w.sum() * ordered["world_size"].iloc[-1] * ordered["local_batch"].iloc[-1])
+    return value, images
+
+
+def _standard_error(values: pd.Series, images: pd.Series | None) -> float:
+    """The standard error (points) of a side's mean accuracy: its seeds' measured spread
+    (sd / sqrt(n)), floored by the binomial sampling error of the images each value counts
+    (sqrt(p (1 - p) / N) / sqrt(n)); 0 where neither is known."""
+    vals = values.astype(float).dropna()
+    if vals.empty:
+        return 0.0
+    n = len(vals)
+    spread = float(vals.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
+    sampling = 0.0
+    if images is not None:
+        counts = images.astype(float).dropna()
+        if not counts.empty and counts.min() > 0:
+            p = min(max(float(vals.mean()) / 100.0, 0.0), 1.0)
+            sampling = 100.0 * math.sqrt(p * (1 - p) / float(counts.mean())) / math.sqrt(n)
+    return max(spread, sampling)
+
+
+def underfit_margin(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """Points by which side ``a``'s mean training top-1 must fall below side ``b``'s mean test
+    top-1 before ``a`` counts as underfit: `UNDERFIT_Z` standard errors of the difference of the
+    two means (`_standard_error`: the seeds' spread, floored by the binomial error of the
+    images counted -- a's training images over its last epoch, b's test images)."""
+    train_col = "train_acc_epoch" if "train_acc_epoch" in a else "train_acc"
+    se_a = _standard_error(a[train_col], a.get("train_images_epoch"))
+    se_b = _standard_error(b["test_acc"], b.get("test_images"))
+    return UNDERFIT_Z * math.hypot(se_a, se_b)
+
+
 def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]] | None = None,
-           bound: float = REGIME_MOVE) -> Verdict | None:
+           bound: float = REGIME_MOVE, slope: float = REGIME_SLOPE) -> Verdict | None:
     """`NOT_IN_REGIME` when a compared configuration is outside the claim's regime, else None.
 
     ``sides``: each compared configuration's final records over seeds (`final_rows`: columns
-    ``train_acc``, ``test_acc`` and ``tail_move``). A side is unconverged when any seed's
-    ``tail_move`` exceeds ``bound`` or is unknown (too few records in the last tenth); side a is
-    underfit against side b (each ordered pair of ``pairs``, default all) when a's mean final
-    training accuracy is below b's mean final test accuracy."""
+    ``train_acc`` (or ``train_acc_epoch``, preferred), ``test_acc``, ``tail_move`` and, where
+    the records allow, ``phase_slope``). A side is unconverged when any seed's ``tail_move``
+    exceeds ``bound`` or is unknown (too few records in the last tenth), or any seed's
+    ``phase_slope`` exceeds ``slope`` (still rising before its last decay); side a is underfit
+    against side b (each ordered pair of ``pairs``, default all) when a's mean training accuracy
+    over its last epoch is below b's mean final test accuracy by more than `underfit_margin`."""
     problems = []
     given = list(sides)
     # a side with no finite accuracy is judged by the verdict (not measurable), not here
@@ -200,6 +296,11 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
         elif (moves > bound).any():
             problems.append(f"{name}'s test top-1 still moves {moves.max():.2f} points over its "
                             f"last tenth (> {bound:g}, {ours(REGIME_WHY)})")
+        rises = rows["phase_slope"].astype(float) if "phase_slope" in rows else pd.Series([])
+        if (rises > slope).any():
+            problems.append(f"{name}'s test top-1 still rises {rises.max():.2f} points per tenth "
+                            f"of training before its last lr decay (> {slope:g}, "
+                            f"{ours(REGIME_SLOPE_WHY)})")
     names = list(sides)
     for a, b in pairs if pairs is not None else [(a, b) for a in names for b in names if a != b]:
         unknown = {a, b} - set(given)
@@ -208,11 +309,15 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
                              f"{sorted(given)}")
         if a not in sides or b not in sides:  # a side without accuracy: the verdict says so
             continue
-        train = float(sides[a]["train_acc"].mean())
-        test = float(sides[b]["test_acc"].mean())
-        if train < test:
-            problems.append(f"{a} underfits: its train top-1 {train:.1f} % < {b}'s test top-1 "
-                            f"{test:.1f} %")
+        col = "train_acc_epoch" if "train_acc_epoch" in sides[a] else "train_acc"
+        train = float(sides[a][col].astype(float).mean())
+        test = float(sides[b]["test_acc"].astype(float).mean())
+        margin = underfit_margin(sides[a], sides[b])
+        if train + margin < test:
+            over = " over its last epoch" if col == "train_acc_epoch" else ""
+            problems.append(f"{a} underfits: its train top-1{over} {train:.1f} % < {b}'s test "
+                            f"top-1 {test:.1f} %" + (f" by more than the {margin:.2f}-point "
+                                                     "margin of their noise" if margin else ""))
     if not problems:
         return None
     return Verdict(NOT_IN_REGIME, math.nan, math.nan, 0,
@@ -222,11 +327,18 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
 
 def final_rows(records: pd.DataFrame, by: str = "run") -> pd.DataFrame:
     """Each run's last record (``records`` grouped by ``by``, in step order) with its
-    `tail_move`."""
+    `tail_move`, `phase_slope`, and its training top-1 over the last full epoch with the images
+    it counts (`epoch_train_acc`: ``train_acc_epoch``, ``train_images_epoch``)."""
     ordered = records.sort_values("step", kind="stable") if "step" in records else records
     groups = ordered.groupby(by, sort=False)
     last = groups.tail(1).set_index(by)
     last["tail_move"] = groups.apply(tail_move, include_groups=False)
+    last["phase_slope"] = groups.apply(phase_slope, include_groups=False)
+    if "step" in ordered:
+        fits = groups.apply(lambda g: pd.Series(epoch_train_acc(g),
+                                                index=["train_acc_epoch", "train_images_epoch"]),
+                            include_groups=False)
+        last = last.join(fits)
     return last.reset_index()
 
 
