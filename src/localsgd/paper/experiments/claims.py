@@ -262,13 +262,18 @@ def _standard_error(values: pd.Series, images: pd.Series | None) -> float:
     return max(spread, sampling)
 
 
+def _train_column(side: pd.DataFrame) -> str:
+    """The training accuracy a side is judged by: over its last epoch where `final_rows` gave
+    it, else the last record's (hand-made or older final records)."""
+    return "train_acc_epoch" if "train_acc_epoch" in side else "train_acc"
+
+
 def underfit_margin(a: pd.DataFrame, b: pd.DataFrame) -> float:
     """Points by which side ``a``'s mean training top-1 must fall below side ``b``'s mean test
     top-1 before ``a`` counts as underfit: `UNDERFIT_Z` standard errors of the difference of the
     two means (`_standard_error`: the seeds' spread, floored by the binomial error of the
     images counted -- a's training images over its last epoch, b's test images)."""
-    train_col = "train_acc_epoch" if "train_acc_epoch" in a else "train_acc"
-    se_a = _standard_error(a[train_col], a.get("train_images_epoch"))
+    se_a = _standard_error(a[_train_column(a)], a.get("train_images_epoch"))
     se_b = _standard_error(b["test_acc"], b.get("test_images"))
     return UNDERFIT_Z * math.hypot(se_a, se_b)
 
@@ -296,8 +301,8 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
         elif (moves > bound).any():
             problems.append(f"{name}'s test top-1 still moves {moves.max():.2f} points over its "
                             f"last tenth (> {bound:g}, {ours(REGIME_WHY)})")
-        rises = rows["phase_slope"].astype(float) if "phase_slope" in rows else pd.Series([])
-        if (rises > slope).any():
+        rises = rows["phase_slope"].astype(float) if "phase_slope" in rows else None
+        if rises is not None and (rises > slope).any():
             problems.append(f"{name}'s test top-1 still rises {rises.max():.2f} points per tenth "
                             f"of training before its last lr decay (> {slope:g}, "
                             f"{ours(REGIME_SLOPE_WHY)})")
@@ -309,7 +314,7 @@ def regime(sides: Mapping[str, pd.DataFrame], *, pairs: Sequence[tuple[str, str]
                              f"{sorted(given)}")
         if a not in sides or b not in sides:  # a side without accuracy: the verdict says so
             continue
-        col = "train_acc_epoch" if "train_acc_epoch" in sides[a] else "train_acc"
+        col = _train_column(sides[a])
         train = float(sides[a][col].astype(float).mean())
         test = float(sides[b]["test_acc"].astype(float).mean())
         margin = underfit_margin(sides[a], sides[b])
