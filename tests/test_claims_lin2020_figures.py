@@ -110,6 +110,7 @@ def test_scaling_table_speedups_over_the_baseline_of_the_same_seed():
     # 40 % between 30 % (step 2) and 50 % (step 3): 2.5 steps of 4 s on seed 0's baseline
     assert tab.loc[(0, 2, 1), "time_to_target"] == pytest.approx(10.0)
     assert tab.loc[(1, 2, 1), "time_to_target"] == pytest.approx(20.0)
+    assert tab.loc[(1, 2, 1), "steps_to_target"] == pytest.approx(2.5)  # same updates, any clock
     assert tab.loc[(0, 4, 8), "final_test_acc"] == 45 and tab.loc[(0, 4, 8), "best_test_acc"] == 50
     assert (tab.target_acc == 40.0).all()
 
@@ -219,6 +220,11 @@ def test_fig06c_is_judged_at_every_h_after_the_regime_check():
                and r["metric"] == "test top-1 change")
     assert outcome(row) == c.NOT_IN_REGIME and "H = 16's test top-1 still moves 3.00" in \
         row["verdict"]
+    # planted: the speed-up to a training-accuracy target is a time claim outside its regime
+    # too (its speed-ups alone, 4.0-4.4x, would hold), the numbers it would judge kept beside
+    speed = next(r for r in rows if r["metric"] == "training time speed-up")
+    assert outcome(speed) == c.NOT_IN_REGIME
+    assert "the speed-ups it would judge: held" in speed["verdict"]
 
 
 def test_fig06_needs_h1_and_h16():
@@ -411,7 +417,23 @@ def test_fig09_accuracy_part_passes_the_regime_check_first():
     rows = fig09(tta, hbs=(1, 16), final=final)
     assert outcome(rows["c"]) == c.NOT_IN_REGIME
     assert "H^b = 16's test top-1 still moves 2.00 points" in rows["c"]["verdict"]
-    assert outcome(rows["b"]) == HELD  # the time-only panel does not compare accuracy
+    # planted: the time-only panel b is a time claim outside its regime too (its speed-up alone
+    # would hold, 4.9x): a time to target is the algorithms' only where both runs plateaued
+    assert outcome(rows["b"]) == c.NOT_IN_REGIME
+    assert "regime: [" in rows["b"]["verdict"] and "held" not in rows["b"]["verdict"][:20]
+    in_regime = fig09(tta, hbs=(1, 16), final=final.assign(tail_move=0.1))
+    assert outcome(in_regime["b"]) == HELD and "regime" not in in_regime["b"]["verdict"]
+
+
+def test_fig09_names_the_updates_each_needed():
+    # both H^b cross the target after the same updates: the speed-up is the sync costs'
+    tta = fig09_tta({1: [40.0, 42.0, 41.0], 16: [1.04, 1.06, 1.05]}, {}).assign(
+        steps_to_target=300.0)
+    rows = fig09(tta, hbs=(1, 16))
+    assert "updates to the target, H^b = 16 over H^b = 1: 1x" in rows["b"]["verdict"]
+    assert "timing model's sync costs at equal learning" in rows["b"]["verdict"]
+    assert "updates to the target" not in fig09(fig09_tta({1: [40.0], 16: [1.05]}, {}),
+                                                 hbs=(1, 16))["b"]["verdict"]
 
 
 def test_fig09_unreached_target_and_no_hb16():

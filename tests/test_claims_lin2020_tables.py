@@ -157,6 +157,19 @@ def test_table05_held_on_every_model_within_the_band():
     assert "WideResNet-28-10/CIFAR-10: held, +0.25 points" in row["verdict"]
 
 
+def test_table05_says_which_models_it_judged_and_names_its_runs():
+    final = t5_final({"resnet20": [0.1, -0.1]})
+    row = claimed(t5(final, models=("resnet20",)))
+    assert row["verdict"].endswith("; judged on ResNet-20 only: DenseNet-40-12, "
+                                   "WideResNet-28-10 not run in this mode")
+    assert row["runs"] == ""  # records without run keys: nothing to share
+    keyed = final.assign(run_key=[f"k{i}" for i in range(len(final))])
+    digest = claimed(t5(keyed, models=("resnet20",)))["runs"]
+    assert digest == c.runs_digest(keyed[keyed.local_steps == 1], keyed[keyed.local_steps == 8])
+    assert digest and digest != c.runs_digest(keyed.iloc[1:])
+    assert "judged on" not in claimed(t5(final, models=tuple(lin2020.TABLE05_MODELS)))["verdict"]
+
+
 def test_table05_two_sided_band():
     # below the band on one model
     assert outcome(t5(t5_final({"resnet20": [0.0, 0.1], "wrn28_10": [-3.0, -3.5]}))) == c.NOT_HELD

@@ -105,6 +105,28 @@ def test_five_verdict_lines_of_at_most_40_words(checkout):
     assert "1 ran without a committed verdict yet" in lines[4]
 
 
+def test_a_verdict_on_the_same_runs_is_counted_once(tmp_path):
+    papers, figures = tmp_path / "papers", tmp_path / "figures"
+    _ledger_file(papers / "lin2020_local_sgd", [
+        _row("f6", "H = 8 keeps the accuracy", artifact="Figure 6"),
+        _row("t5", "H = 8 matches H = 1 on every model", artifact="Table 5"),
+        _row("t6", "momentum helps", artifact="Table 6")])
+    rows = [{"claim": "H = 8 keeps the accuracy", "verdict": "held: x", "runs": "abc"},
+            {"claim": "H = 8 matches H = 1 on every model", "verdict": "held: y", "runs": "abc"},
+            {"claim": "momentum helps", "verdict": "held: z", "runs": "def"}]
+    _compare(figures / "all.compare.csv", [{**r, "rule": claims.RULE} for r in rows])
+    quick = report.verdict_lines(papers, figures)[2]
+    assert quick == ("**Quick mode** (2 claims): held 2 (Fig. 6, Table 6); plus 1 on the same "
+                     "runs as another (Table 5).")
+    # other runs, or the same runs with another outcome: each counted
+    rows[1]["runs"] = "xyz"
+    _compare(figures / "all.compare.csv", [{**r, "rule": claims.RULE} for r in rows])
+    assert report.verdict_lines(papers, figures)[2].startswith("**Quick mode** (3 claims): held 3")
+    rows[1].update(runs="abc", verdict="inconclusive at this scale: w")
+    _compare(figures / "all.compare.csv", [{**r, "rule": claims.RULE} for r in rows])
+    assert "plus" not in report.verdict_lines(papers, figures)[2]
+
+
 def test_a_long_line_drops_names_before_it_passes_40_words(tmp_path):
     papers, figures = tmp_path / "papers", tmp_path / "figures"
     names = [f"claim number {i}" for i in range(30)]

@@ -523,8 +523,10 @@ VERDICT_SCALES = {"full": "Full scale", "converged proxy": "Converged proxy",
 
 def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
     """The README's verdict in five lines of at most `MAX_WORDS` words each: per scale the
-    ledger's claims judged there, by outcome (with their artifacts while the line stays short);
-    then how many claims were not judged, and why."""
+    ledger's claims judged there, by outcome (with their artifacts while the line stays short),
+    a claim judged on the same runs with the same outcome as one before it named apart, not
+    counted again (Table 5's ResNet-20 cells are Figure 6's H = 1 and 8); then how many
+    claims were not judged, and why."""
     led = ledger_rows(papers_dir, figures_dir)
     lines = []
     for scale, name in VERDICT_SCALES.items():
@@ -532,6 +534,11 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
         if not len(part):
             lines.append(f"**{name}**: no claim judged.")
             continue
+        runs = part["runs"].fillna("").astype(str)
+        again = (runs != "") & part.assign(_r=runs).duplicated(["_r", "outcome"])
+        shared = list(dict.fromkeys(_label(r["source"], r["artifact"])
+                                    for _, r in part[again].iterrows()))
+        part = part[~again]
         groups = {o: [_label(r["source"], r["artifact"]) for _, r in g.iterrows()]
                   for o, g in part.groupby("outcome", sort=False)}
         # decisive outcomes first, and the last to lose their names when the line is long
@@ -541,6 +548,9 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
             parts = [f"{o} {len(groups[o])}" + (
                 f" ({', '.join(dict.fromkeys(groups[o]))})" if i < named else "")
                 for i, o in enumerate(order)]
+            if shared:
+                parts.append(f"plus {int(again.sum())} on the same runs as another "
+                             f"({', '.join(shared)})")
             line = (f"**{name}** ({len(part)} claim{'s' if len(part) != 1 else ''}): "
                     + "; ".join(parts) + ".")
             if len(line.split()) <= MAX_WORDS:

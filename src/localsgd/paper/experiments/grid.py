@@ -260,7 +260,8 @@ def dataset_available(name: str, *, download: bool = False) -> tuple[bool, str]:
 
 def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress: bool = True,
              labels: Sequence[dict] | None = None) -> pd.DataFrame:
-    """Train every config (cached) and concatenate their records, one ``run`` id per config.
+    """Train every config (cached) and concatenate their records, one ``run`` id per config
+    and its ``run_key`` (the results-cache key: equal configurations, equal keys).
 
     ``labels`` (one dict per config) adds columns such as method or B_glob to each run's rows.
     """
@@ -288,7 +289,9 @@ def run_grid(configs: Sequence[TrainConfig], *, refresh: bool = False, progress:
         resumed = (not cached[i] and not refresh and dry_run.updates() is None
                    and checkpoint_path(cfg).is_file())
         t0 = time.perf_counter()
-        df = run_cached(cfg, refresh=refresh, progress=progress).assign(run=i)
+        # run_key: the run by its meaning, so two claims judged on the same runs can be told
+        df = run_cached(cfg, refresh=refresh, progress=progress).assign(
+            run=i, run_key=_entry(cfg).stem.removeprefix("train-"))
         seconds = time.perf_counter() - t0
         run_progress.record("run_done", **event, seconds=seconds,
                             test_acc=float(df["test_acc"].iloc[-1]) if "test_acc" in df and len(df)

@@ -39,13 +39,15 @@ __all__ = [
 def scaling_table(records: pd.DataFrame, *, target: float, baseline: dict,
                   time_col: str = "time_s", acc_col: str = "test_acc",
                   keys: Sequence[str] = ("world_size", "local_steps")) -> pd.DataFrame:
-    """Time to ``target`` accuracy per run and its speed-up over the ``baseline`` run of the same
-    seed (Figure 7: speed-up over the 1×2-GPU mini-batch run), with the final accuracy."""
+    """Time (and updates) to ``target`` accuracy per run and its speed-up over the ``baseline`` run
+    of the same seed (Figure 7: speed-up over the 1×2-GPU mini-batch run), with the final
+    accuracy."""
     rows = []
     for (seed, *key), run in records.groupby(["seed", *keys]):
         run = run.sort_values("step")
         rows.append({"seed": seed, **dict(zip(keys, key, strict=True)),
                      "time_to_target": time_to_accuracy(run[time_col], run[acc_col], target),
+                     "steps_to_target": time_to_accuracy(run["step"], run[acc_col], target),
                      "final_test_acc": float(run[acc_col].iloc[-1]),
                      "best_test_acc": float(run[acc_col].max()), "target_acc": target})
     out = pd.DataFrame(rows)
@@ -169,17 +171,17 @@ def rows_where(final: pd.DataFrame, where: dict) -> pd.DataFrame:
 
 def with_claim(rows: list[dict], artifact: str, setting: str, claim: str,
                verdict: str, metric: str = "test top-1", unit: str = "%",
-               tested: str = "") -> list[dict]:
+               tested: str = "", **extra: object) -> list[dict]:
     """``rows`` with ``claim``/``verdict`` (and the ``tested`` quantity,
-    `claims.tested_text`) on the row of ``setting``; a row without a value (``metric`` in
-    ``unit``) is added when no run of that setting exists."""
+    `claims.tested_text`, and ``extra`` columns such as ``runs``) on the row of ``setting``; a
+    row without a value (``metric`` in ``unit``) is added when no run of that setting exists."""
 
     for i, row in enumerate(rows):
         if row["artifact"] == artifact and row["setting"] == setting:
             keep = {k: row[k] for k in ("unit", "note")}
             rows[i] = claims.claim_row(artifact, setting, row["metric"], row["value"], **keep,
-                                       claim=claim, verdict=verdict, tested=tested)
+                                       claim=claim, verdict=verdict, tested=tested, **extra)
             return rows
     return [*rows, claims.claim_row(artifact, setting, metric, None, unit=unit,
                                     note="no run of this setting", claim=claim,
-                                    verdict=verdict, tested=tested)]
+                                    verdict=verdict, tested=tested, **extra)]

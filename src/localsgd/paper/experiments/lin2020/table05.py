@@ -167,7 +167,7 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
         for r in table.to_dict("records")]
     if not (1 in hs and 8 in hs):
         return rows
-    verdicts, texts, anchors = [], [], []
+    verdicts, texts, anchors, judged = [], [], [], []
     for dataset, state in status.items():
         if state != "available":
             v = claims.verdict([], 0.0, data_available=False, origin=TABLE05_ORIGIN)
@@ -196,6 +196,8 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
                 claims.verdict(gaps, tolerance, higher_is_better=False, what=what,
                                unit=" points", origin=TABLE05_ORIGIN)]
             verdicts += band
+            judged.append(rows_where(final, {**cell, "local_steps": 8}))
+            judged.append(rows_where(final, {**cell, "local_steps": 1}))
             undecided = [v for v in band if v.outcome not in (claims.HELD, claims.NOT_HELD)]
             texts.append(part_text(f"{TABLE05_MODELS[model]}/{TABLE05_DATASETS[dataset]}",
                                    claims.combine(band), (undecided or band)[0]))
@@ -203,7 +205,11 @@ def table05_claims(final: pd.DataFrame, *, status: dict[str, str], models: Seque
     have = {r["setting"] for r in rows}
     anchor = next((a for a in anchors if a in have),
                   setting(next(iter(status)), models[0], "8 vs H=1"))
+    absent = [TABLE05_MODELS[m] for m in TABLE05_MODELS if m not in models]
+    scope = (f"; judged on {', '.join(TABLE05_MODELS[m] for m in models)} only: "
+             f"{', '.join(absent)} not run in this mode" if absent else "")
     verdict = (f"{claims.combine(verdicts)}: |H=8 minus H=1| <= {tolerance:g} point per model, "
-               f"paired by seed ({TABLE05_ORIGIN}); " + "; ".join(texts))
+               f"paired by seed ({TABLE05_ORIGIN}); " + "; ".join(texts) + scope)
     return with_claim(rows, "Table 5", anchor, TABLE05_CLAIM, verdict,
-                      metric="test top-1 change", unit="points")
+                      metric="test top-1 change", unit="points",
+                      runs=claims.runs_digest(*judged))
