@@ -56,9 +56,10 @@ def slowmo_records(acc: dict[str, list[float]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def slowmo_rows(acc, be=None):
+def slowmo_rows(acc, be=None, cores=None):
     return slowmo.slowmo_claims(slowmo_records(acc), pd.DataFrame() if be is None else be,
-                                mode="quick", K=4, slowmo_frequency=12, breakeven_procs=2)
+                                mode="quick", K=4, slowmo_frequency=12, breakeven_procs=2,
+                                cores=cores)
 
 
 def test_slowmo_quality_held_when_both_parts_hold_by_seed():
@@ -160,6 +161,13 @@ def test_slowmo_breakeven_rule_held_did_not_hold_and_not_measured():
     skipped = slowmo_rows(acc)[2]
     assert outcome(skipped) == c.NOT_MEASURABLE and "breakeven = False" in skipped["verdict"]
     assert skipped["value"] is None
+    # 2 processes on 2 cores: the rule's overlap cannot be had, whatever was measured
+    full = slowmo_rows(acc, breakeven([1.5, 1.3], [True, False]), cores=2)[2]
+    assert outcome(full) == c.NOT_TESTABLE
+    assert "2 single-threaded processes fill the 2 cores" in full["verdict"]
+    assert "rule right in 1 of 2" in full["verdict"]  # the measurement kept beside
+    assert outcome(slowmo_rows(acc, breakeven([1.5, 1.3], [True, False]), cores=16)[2]) == \
+        c.NOT_HELD
 
 
 def test_slowmo_rows_join_the_pages_reported_keys():
@@ -207,9 +215,10 @@ def bench(opt_ms, raw_fa=(1.05, 1.06), eager_fa=(0.5, 0.52), modes=dynamo.MODES,
     return dynamo.label_configs(summ), steps
 
 
-def dynamo_rows(summary, steps, backend="inductor"):
+def dynamo_rows(summary, steps, backend="inductor", cores=None):
     return dynamo.summary_claims(summary, steps, mode="quick", world_sizes=[2],
-                                 ddp_models=["ffn_s"], compile_backend=backend, bucket_cap_mb=2.0)
+                                 ddp_models=["ffn_s"], compile_backend=backend, bucket_cap_mb=2.0,
+                                 cores=cores)
 
 
 def test_dynamo_per_round_ratio_and_warmup_excluded():
@@ -233,6 +242,15 @@ def test_dynamo_ddp_optimizer_did_not_hold_when_every_round_is_slower():
     rows = dynamo_rows(*bench([110.0, 112.0]))
     assert outcome(rows[1]) == c.NOT_HELD
     assert rows[2]["value"] == pytest.approx(100 * (100 / 111 - 1), rel=1e-6)
+
+
+def test_dynamo_ddp_optimizer_is_not_testable_where_the_processes_fill_the_cores():
+    # DDPOptimizer's claim rests on the overlap it restores: 2 processes on 2 cores cannot
+    # overlap, so a slowdown there (10-12 %) says nothing about the claim
+    rows = dynamo_rows(*bench([110.0, 112.0]), cores=2)
+    assert outcome(rows[1]) == c.NOT_TESTABLE and "fill the 2 cores" in rows[1]["verdict"]
+    assert outcome(dynamo_rows(*bench([110.0, 112.0]), cores=3)[1]) == c.NOT_HELD
+    assert outcome(rows[0]) == c.HELD  # the mechanism (where the all-reduce starts) still judged
 
 
 def test_dynamo_one_round_and_straddling_rounds_are_inconclusive():

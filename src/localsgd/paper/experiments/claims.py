@@ -358,6 +358,19 @@ def runs_digest(*sides: pd.DataFrame) -> str:
     return hashlib.sha256(",".join(keys).encode()).hexdigest()[:12] if keys else ""
 
 
+def overlap_premise(processes: int, cores: int | None, *, what: str = "value") -> Verdict | None:
+    """*Not testable at this scale* when a claim that rests on communication overlapping
+    compute (DDP's bucketed all-reduce during backward: the Dynamo post's 1 %, SlowMo's
+    break-even rule) is timed with ``processes`` single-threaded workers on ``cores`` cores or
+    fewer: every core computes, so gloo's communication waits for one and no overlap can be had.
+    None where it can (more cores than processes), or where ``cores`` is not given."""
+    if cores is None or processes < cores:
+        return None
+    return not_testable(f"{processes} single-threaded processes fill the {cores} cores, so "
+                        "communication cannot overlap compute, the premise of the claim (the "
+                        "emulated cluster of issue 63 or a GPU can give it)", what=what)
+
+
 def not_testable(mechanism: str, *, what: str = "value") -> Verdict:
     """The claim cannot be tested at the scale that ran: ``mechanism`` says what is absent
     (e.g. "no 300-epoch tail: the runs stop at 2 epochs")."""

@@ -224,16 +224,19 @@ def grid_verdict(final: pd.DataFrame, K: int) -> tuple[float, str]:
     return best_beta, str(v)
 
 
-def breakeven_verdict(be: pd.DataFrame, procs: int) -> str:
+def breakeven_verdict(be: pd.DataFrame, procs: int, cores: int | None = None) -> str:
     """Best practices: "SlowMo pays when t_allreduce (1 - 1/f) > t_backward". Per timed model
     the rule predicts pays / does not pay; the claim for it is measured DDP step / local-SGD step
     >= 1 (resp. <= 1). Each step time is the median over the benchmark's repeats, a measurement
-    taken as stable (``deterministic=True``; the benchmark keeps no per-repeat times)."""
+    taken as stable (``deterministic=True``; the benchmark keeps no per-repeat times). The rule
+    weighs the all-reduce against the backward it overlaps, so with ``procs`` filling the
+    machine's ``cores`` it is not testable at this scale (`claims.overlap_premise`)."""
     if not len(be):
         return str(claims.Verdict(claims.NOT_MEASURABLE, math.nan, math.nan, 0,
                                   "not measured in this mode (breakeven = False)"))
+    premise = claims.overlap_premise(procs, cores, what="DDP step / local-SGD step")
     parts = [(f"{r.spec} (rule: {'pays' if r.rule_predicts_pays else 'does not pay'})",
-              claims.verdict(r.speedup_local, 1.0, higher_is_better=bool(r.rule_predicts_pays),
+              premise or claims.verdict(r.speedup_local, 1.0, higher_is_better=bool(r.rule_predicts_pays),
                              deterministic=True, unit="x", what="DDP step / local-SGD step",
                              origin="the page's: its rule says SlowMo pays past 1"))
              for r in be.itertuples()]
@@ -246,7 +249,8 @@ def breakeven_verdict(be: pd.DataFrame, procs: int) -> str:
 
 
 def slowmo_claims(records: pd.DataFrame, be: pd.DataFrame, *, mode: str, K: int,
-                  slowmo_frequency: int, breakeven_procs: int) -> list[dict]:
+                  slowmo_frequency: int, breakeven_procs: int,
+                  cores: int | None = None) -> list[dict]:
     """The page's claims as compare rows (keys of ``papers/fairscale_slowmo/reported.csv``):
     "Overview" (base algorithms lose quality, SlowMo restores it: `quality_verdict`), "Best
     practices" β grid (`grid_verdict`) and the break-even rule (`breakeven_verdict`).
@@ -268,7 +272,7 @@ def slowmo_claims(records: pd.DataFrame, be: pd.DataFrame, *, mode: str, K: int,
         claims.claim_row(
             "Best practices", "when SlowMo pays", "all-reduce time coefficient", None,
             claim="SlowMo pays when t_allreduce (1 - 1/localsgd_frequency) > t_backward",
-            verdict=breakeven_verdict(be, breakeven_procs),
+            verdict=breakeven_verdict(be, breakeven_procs, cores),
             note=f"{mode}: CPU gloo timings, not a GPU cluster"),
     ]
 
