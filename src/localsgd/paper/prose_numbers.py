@@ -52,6 +52,11 @@ NOT_RESULTS: dict[tuple[str, str], str] = {
     ("papers/lin2020_local_sgd/notes.md", "1.64"): "arithmetic on the source's Table 5 times",
     ("papers/lin2020_local_sgd/notes.md", "1.31"): _STUDY + " (f evaluated every round)",
     ("papers/lin2020_local_sgd/notes.md", "1.24"): _STUDY + " (communication-free time)",
+    ("papers/lin2020_local_sgd/notes.md", "1.62"): _STUDY + " (stop at our exact f*)",
+    ("papers/lin2020_local_sgd/notes.md", "1.26"): _STUDY + " (K B_loc gradients + 25 per round)",
+    ("docs/deep_learning.md", "21.7"): "a past regeneration's Table 6 cell, quoted as an example "
+                                       "of cross-CPU rounding",
+    ("docs/systems.md", "1.83"): "an uncommitted paper-mode timing run's largest ratio",
     ("papers/lin2020_local_sgd/notes.md", "2.04"): _STUDY + " (iterations + 25 per round)",
     ("papers/lin2020_local_sgd/notes.md", "3.16"): _STUDY + " (f evaluated every round)",
     ("papers/lin2020_local_sgd/notes.md", "3.30"): _STUDY + " (t counted in samples)",
