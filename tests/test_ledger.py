@@ -83,6 +83,18 @@ def test_report_lists_each_verdict_and_why_a_claim_was_not_judged(checkout):
     assert first["the paper's value"] == "3.2"
 
 
+def test_the_papers_value_at_the_setting_tested_replaces_the_ledgers(checkout):
+    papers, figures = checkout
+    held = str(claims.verdict([2.0, 2.1, 2.2], 0.0, origin=claims.ours("x")))
+    _compare(figures / "table01.compare.csv",
+             [{"claim": "local SGD generalises better", "verdict": held, "rule": claims.RULE,
+               "source_value": "+3.17 to +48.9 points at B_glob = 2048"}])
+    rows = report.ledger_rows(papers, figures).set_index(["id", "scale"])
+    assert rows.loc[("t1", "reduced"), "paper_value"] == "+3.17 to +48.9 points at B_glob = 2048"
+    assert rows.loc[("t1", "converged proxy"), "paper_value"] == "3.2"  # none named: the ledger's
+    assert rows.loc[("f8", ""), "paper_value"] == ""
+
+
 def test_a_speed_up_says_so_beside_its_ratio(checkout):
     papers, figures = checkout
     held = str(claims.verdict([2.0, 2.1, 2.2], 0.0, origin=claims.ours("x")))

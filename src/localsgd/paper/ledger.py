@@ -62,7 +62,7 @@ def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.Data
                 df["scale"] = CONVERGED
             frames.append(df.assign(path=str(path)))
     cols = ["artifact", "setting", "metric", "claim", "scale", "mode", "verdict", "value", "unit",
-            "tested", "rule", "runs", "path"]
+            "tested", "rule", "runs", "source_value", "path"]
     if not frames:
         return pd.DataFrame(columns=cols)
     rows = pd.concat(frames, ignore_index=True)
@@ -76,7 +76,8 @@ def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.Data
 def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """One row per ledger claim and scale it was judged at (its first verdict row there:
     ``scale``, ``verdict``, ``rule``, ``value``, ``unit``, ``metric``, the ``tested`` quantity
-    where the row's value is not it and the ``runs`` it rests on, `claims.runs_digest`), or one row with ``scale`` empty and
+    where the row's value is not it, the ``runs`` it rests on, `claims.runs_digest`, and the
+    ``source_value`` at the setting tested where it differs from the ledger's), or one row with ``scale`` empty and
     ``verdict`` the ledger's status when no verdict joins it."""
     claims = load_ledger(papers_dir)
     verdicts = verdict_rows(Path(figures_dir))
@@ -87,7 +88,7 @@ def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
         if not len(found):
             out.append({**c.to_dict(), "scale": "", "verdict": c["status"] if c["status"] !=
                         TESTED else UNJOINED, "rule": "", "value": float("nan"), "unit": "",
-                        "tested": "", "metric": "", "runs": ""})
+                        "tested": "", "metric": "", "runs": "", "source_value": ""})
             continue
         for scale, group in found.groupby("scale", sort=False):
             first = group.iloc[0]
@@ -96,9 +97,11 @@ def ledger(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
                         "unit": first["unit"] if isinstance(first["unit"], str) else "",
                         "tested": first["tested"] if isinstance(first["tested"], str) else "",
                         "metric": first["metric"] if isinstance(first["metric"], str) else "",
-                        "runs": first["runs"] if isinstance(first["runs"], str) else ""})
+                        "runs": first["runs"] if isinstance(first["runs"], str) else "",
+                        "source_value": (first["source_value"]
+                                         if isinstance(first["source_value"], str) else "")})
     return pd.DataFrame(out, columns=[*COLUMNS, "source", "scale", "verdict", "rule", "value",
-                                      "unit", "tested", "metric", "runs"])
+                                      "unit", "tested", "metric", "runs", "source_value"])
 
 
 def unregistered_claims(papers_dir: Path, figures_dir: Path) -> list[str]:

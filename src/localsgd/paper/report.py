@@ -449,8 +449,12 @@ def _label(source: str, artifact: str) -> str:
 
 
 def ledger_rows(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
-    """`localsgd.paper.ledger.ledger` with the short ``outcome`` and our value as text."""
+    """`localsgd.paper.ledger.ledger` with the short ``outcome``, our value as text and the
+    paper's value at the setting we tested where the verdict row names it (``source_value``:
+    like beside like, e.g. Table 1's gap at our largest B_glob, not at the paper's)."""
     table = ledger_mod.ledger(papers_dir, figures_dir)
+    table["paper_value"] = [r["source_value"] if r["scale"] and r["source_value"] else
+                            r["paper_value"] for _, r in table.iterrows()]
     outcome = [(short_verdict(r["verdict"]) if r["scale"] else r["verdict"])
                for _, r in table.iterrows()]
     # the claim's tested quantity where the row carries it apart from its value (a difference

@@ -422,6 +422,19 @@ def combine(verdicts: Sequence[Verdict]) -> str:
     return NOT_MEASURABLE if outcomes else UNAVAILABLE
 
 
+def combine_some(verdicts: Sequence[Verdict]) -> str:
+    """One outcome for a claim that *some* part holds (Table 6's "some factors of global
+    momentum could further slightly improve"): held if any part held; did not hold only if every
+    part did not; otherwise as `combine` would judge the undecided parts (outside the regime,
+    inconclusive, ...)."""
+    outcomes = [v.outcome for v in verdicts]
+    if HELD in outcomes:
+        return HELD
+    if outcomes and all(o == NOT_HELD for o in outcomes):
+        return NOT_HELD
+    return combine([v for v in verdicts if v.outcome != NOT_HELD])
+
+
 def tested_text(means: Sequence[float], unit: str = "") -> str:
     """Our value of a claim's tested quantity, as the README shows it beside the source's: the
     mean over seeds, or for a claim of several parts (models, trick settings, momenta) the

@@ -33,8 +33,8 @@ __all__ = ["TABLE06_CLAIMS", "base", "claim_differences", "configs", "momentum_c
 # App. D.1.4's three statements on Table 6 (H = 1), each judged on its own row
 TABLE06_CLAIMS = {
     "local": "local momentum (0.9) beats no momentum at all",
-    "small": "some global momentum (<= 0.5) on top of local momentum may help a little: it "
-             "does not hurt",
+    "small": "some global momentum (<= 0.5) on top of local momentum slightly improves the test "
+             "accuracy",
     "large": "large global momentum (>= 0.7) on top of local momentum fails to train",
 }
 
@@ -105,9 +105,11 @@ def table06_07_claims(final: pd.DataFrame, *, mode: str, width: float, n_train: 
 
     1. "local": local momentum 0.9 (global 0) minus no momentum at all (local 0, global 0)
        >= 0 points, on the row of local 0.9, global 0;
-    2. "small": each global momentum in (0, 0.5] on top of local 0.9 minus local 0.9 alone
-       >= -1 point (it must not hurt; the 1 point is our tolerance), on the row of the largest
-       such momentum; all of them must hold (`claims.combine`);
+    2. "small": App. D.1.4's "some factors of global momentum could further slightly improve",
+       its sign kept: each global momentum in (0, 0.5] on top of local 0.9 minus local 0.9
+       alone >= 0 points, on the row of the largest such momentum; held when some factor's gain
+       holds, did not hold when every factor's loss is decided (`claims.combine_some`; the best
+       of several is not corrected for the selection);
     3. "large": each global momentum >= 0.7 on top of local 0.9 minus local 0.9 alone
        <= -10 points (App. D: such runs stay near chance, 10 %), on the row of the largest.
 
@@ -159,11 +161,14 @@ def table06_07_claims(final: pd.DataFrame, *, mode: str, width: float, n_train: 
                                                     " points"))
     small = sorted(g for loc, g in cells if loc == 0.9 and 0 < g <= 0.5)
     if small:
-        origin = claims.ours("'may help a little' read as 'does not hurt', within 1 point")
-        parts = [judge((0.9, g), (0.9, 0.0), -1.0, origin) for g in small]
-        text = (f"{claims.combine(parts)}: " + "; ".join(
+        origin = claims.paper("App. D.1.4: some factors 'could further slightly improve' the "
+                              "test accuracy, any gain; the sign kept, no tolerance")
+        parts = [judge((0.9, g), (0.9, 0.0), 0.0, origin) for g in small]
+        text = (f"{claims.combine_some(parts)}: " + "; ".join(
             part_text(f"global {g:g}", v.outcome, v) for g, v in zip(small, parts, strict=True))
-            + f" (each minus local 0.9 alone >= -1 point; {origin})")
+            + f" (some factor minus local 0.9 alone >= 0 points; {origin}"
+            + (f"; the best of {len(small)} not corrected for the selection)" if len(small) > 1
+               else ")"))
         rows = with_claim(rows, "Table 6", row(small[-1]), TABLE06_CLAIMS["small"], text,
                           tested=claims.tested_text(
                               [mean_gap((0.9, g), (0.9, 0.0)) for g in small], " points"))
