@@ -49,7 +49,8 @@ def _other(field: dataclasses.Field, cfg: TrainConfig):
         return (0.6,)
     if value is None:
         return {"n_train": 100, "n_test": 100, "block_size": 2, "global_momentum": 0.5,
-                "slowmo_frequency": 4, "worker_local_steps": (2, 1, 2, 1)}[field.name]
+                "slowmo_frequency": 4, "worker_local_steps": (2, 1, 2, 1),
+                "resolution": 16}[field.name]
     if field.name not in OTHER_STRING:
         pytest.fail(f"TrainConfig.{field.name}: add a valid non-default value to OTHER_STRING")
     return OTHER_STRING[field.name]

@@ -10,6 +10,7 @@ shard and `combine_eval` adds them up in batch order). ``cfg`` is a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -20,10 +21,25 @@ from localsgd import data as data_mod
 from localsgd.engines.common import host_map
 
 __all__ = ["STREAMED", "EvalBatch", "MemoryBatches", "PendingEval", "StreamedBatches",
-           "combine_eval", "eval_batches", "eval_sums", "evaluate", "load_dataset"]
+           "combine_eval", "downsampled", "eval_batches", "eval_sums", "evaluate", "load_dataset"]
 
 
 STREAMED = ("imagenet", "cifar10_folder")  # data sets read from image folders while training
+
+
+def downsampled(ds: data_mod.ImageDataset, side: int) -> data_mod.ImageDataset:
+    """``ds`` with every image area-averaged to ``side`` × ``side`` (an integer factor: each
+    block's mean), rounded back to uint8; labels, classes and statistics kept."""
+    if side > ds.train_x.shape[-1]:
+        raise ValueError(f"resolution={side}: larger than {ds.name}'s "
+                         f"{ds.train_x.shape[-1]}-pixel images (only downsampling)")
+
+    def area(x: torch.Tensor) -> torch.Tensor:
+        small = torch.nn.functional.interpolate(x.float(), size=(side, side), mode="area")
+        return small.round_().clamp_(0, 255).to(torch.uint8)
+
+    return dataclasses.replace(ds, train_x=area(ds.train_x), test_x=area(ds.test_x),
+                               source=f"{ds.source} [area-downsampled to {side}x{side}]")
 
 
 class MemoryBatches:
@@ -31,12 +47,17 @@ class MemoryBatches:
     device, augment with worker k's generator (§4.1)."""
 
     def __init__(self, ds: data_mod.ImageDataset, cfg: Any, device: torch.device):
+        side = getattr(cfg, "resolution", None)
+        if side is not None and side != ds.train_x.shape[-1]:
+            ds = downsampled(ds, side)
         self.ds, self.device, self.eval_batch = ds, device, cfg.eval_batch
         self.n_train, self.num_classes = len(ds.train_y), len(ds.classes)
         self.test_images = len(ds.test_y)
         self.train_x, self.train_y = ds.train_x.to(device), ds.train_y.to(device)
         self.test_x, self.test_y = ds.test_x.to(device), ds.test_y.to(device)
-        self.augment = data_mod.Augment(ds.mean, ds.std, device=device) if cfg.augment else None
+        pad = 4 if side is None else max(1, round(4 * side / 32))  # §4.1's 4 pixels at 32
+        self.augment = (data_mod.Augment(ds.mean, ds.std, pad=pad, device=device)
+                        if cfg.augment else None)
         self._parts: tuple[torch.Tensor, torch.Tensor] | None = None  # (epoch's CPU, device copy)
 
     def batches(self, parts: torch.Tensor, epoch: int, pos: int, ranks: list[int],

@@ -50,6 +50,11 @@ class TrainConfig:
     """Class-balanced subset of the training set (None: all 50,000 images)."""
     n_test: int | None = None
     """Class-balanced subset of the test set used for evaluation (None: all 10,000)."""
+    resolution: int | None = None
+    """In-memory data sets (CIFAR): the side every image is downsampled to by area averaging
+    (16: each 2×2 block's mean), once when the run starts, with the padded crop's pad scaled to
+    match (4 × side / 32, at least 1); the normalisation keeps the data set's statistics. None:
+    the images as stored (32×32). The long CPU proxy's lever (docs/pilot/long_proxy_design.md)."""
     augment: bool = True
     """4-pixel padded random crop + horizontal flip (§4.1, He et al. 2016); streamed data sets
     always use ImageNet's random-resized crop + flip."""
@@ -262,6 +267,13 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if self.resolution is not None and (isinstance(self.resolution, bool) or not isinstance(
+                self.resolution, int) or self.resolution < 8):
+            raise ValueError(f"resolution={self.resolution!r}: must be null or an integer >= 8 "
+                             "(the side in pixels in-memory images are downsampled to)")
+        if self.resolution is not None and self.dataset in ("imagenet", "cifar10_folder"):
+            raise ValueError(f"resolution={self.resolution}: for in-memory data sets only; "
+                             f"{self.dataset} is streamed (set image_size)")
         object.__setattr__(self, "decay_fractions", tuple(self.decay_fractions))
         if isinstance(self.loader_workers, bool) or not isinstance(self.loader_workers, int) \
                 or self.loader_workers < 0:
