@@ -77,6 +77,18 @@ ENTRIES: tuple[Entry, ...] = (
 )
 
 
+# The long proxy's runs (long mode, docs/pilot/long_proxy.md) on this project's 2-core CPU: the
+# same packs, checkpoints and kept runs, trained where no GPU is lent (``--mode long``)
+LONG_ENTRIES: tuple[Entry, ...] = (
+    Entry("long-table01", "Table 1 at B_glob 2,048 (long proxy)", "table01_large_batch",
+          mode="long"),
+)
+ENTRIES_BY_MODE = {"paper": ENTRIES, "long": LONG_ENTRIES}
+# training images/s of a pack on the 2-core CPU (docs/pilot/pack_speed_2026-12-07.json: 4,200
+# for 6 runs x K = 2 at B_loc 16, 7,500 for 3 runs at B_loc 256, 16x16, width 0.25; the lower)
+CPU_RATE = 4200.0
+
+
 def runs_folder(figures: Path, mode: str) -> Path:
     """Where ``mode``'s kept runs live (``localsgd reproduce`` reads them there: paper mode's
     in figures/paper/runs/, converged mode's in figures/converged/runs/; another mode's, a
@@ -137,7 +149,9 @@ class Pack:
 def _rate(cfg: Any, replicas: int, gpu: str, table: dict) -> float:
     """Training images/s of ``replicas`` packed replicas of ``cfg.model`` on ``gpu``: the rate
     measured at the largest K not above ``replicas`` (a pack fills the GPU at least as well),
-    else the model's rate."""
+    else the model's rate; a CPU configuration's: `CPU_RATE`."""
+    if cfg.device == "cpu":
+        return CPU_RATE
     measured = sorted((key[2], t.images_per_s) for key, t in table.items()
                       if len(key) == 3 and key[:2] == (gpu, cfg.model) and key[2] <= replicas)
     if measured:
@@ -289,9 +303,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "(default: this machine's, else the plan's default)")
     p.add_argument("--max-replicas", type=int, default=32,
                    help="replicas (runs x K) in one pack (default 32)")
+    p.add_argument("--mode", choices=sorted(ENTRIES_BY_MODE), default="paper",
+                   help="paper: the paper's scale on a lent GPU (the default); long: the long "
+                   "proxy on this CPU")
     p.add_argument("--only", nargs="+", metavar="ID",
-                   help="these entries (ids: " + ", ".join(e.id for e in ENTRIES)
-                   + "; default: all, in order)")
+                   help="these entries (ids: " + ", ".join(
+                       e.id for es in ENTRIES_BY_MODE.values() for e in es)
+                   + "; default: all of --mode's, in order)")
     p.add_argument("--toy", action="store_true",
                    help="toy-size runs on the CPU into --figures (a test of the campaign; "
                    "each run on its configuration's device otherwise: paper mode's cuda)")
@@ -299,12 +317,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="the figures folder whose runs/ hold the kept runs (default figures/)")
     p.add_argument("--notebooks", type=Path, default=root / "notebooks", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    unknown = sorted(set(args.only or []) - {e.id for e in ENTRIES})
+    pool = ENTRIES_BY_MODE[args.mode]
+    unknown = sorted(set(args.only or []) - {e.id for e in pool})
     if unknown:
-        print(f"error: no campaign entry {unknown}; the ids: "
-              + ", ".join(e.id for e in ENTRIES), file=sys.stderr)
+        print(f"error: no {args.mode}-mode campaign entry {unknown}; the ids: "
+              + ", ".join(e.id for e in pool), file=sys.stderr)
         return 2
-    entries = [e for e in ENTRIES if not args.only or e.id in args.only]
+    entries = [e for e in pool if not args.only or e.id in args.only]
     gpu = args.gpu
     if gpu is None:
         import torch

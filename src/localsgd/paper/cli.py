@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from localsgd.paper import speed
-from localsgd.paper.notebook import MODES
+from localsgd.paper.notebook import MODES, PROXY_MODES
 from localsgd.paper.report import write_report
 from localsgd.paper.results import repo_root
 from localsgd.timing.plan import format_plan, plan_schedules
@@ -309,7 +309,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     # mode's go to figures/paper/ by default (the report reads them there), never over the
     # committed quick-mode files in figures/
     base_dir = (args.out_dir or reference.parent).resolve()
-    out_dir = base_dir / "converged" if args.mode == "converged" else base_dir
+    out_dir = base_dir / args.mode if args.mode in PROXY_MODES else base_dir
     if args.mode == "paper" and args.out_dir is None:
         out_dir = base_dir / "paper"
     if sets and base_dir == reference.parent.resolve():
@@ -318,7 +318,7 @@ def _reproduce(args: argparse.Namespace) -> int:
                          "build/try) so that figures/ keeps the mode's own results")
     # kept runs: converged mode's beside its figures; paper mode's in figures/paper/runs/,
     # where `localsgd campaign` keeps what lent GPUs trained (also for a render elsewhere)
-    kept = {"converged": out_dir / "runs",
+    kept = {**{m: out_dir / "runs" for m in PROXY_MODES},
             "paper": reference.parent / "paper" / "runs"}.get(args.mode)
     with _kept_runs(kept):
         return _run_and_report(args, h, specs, sets, reference, base_dir, out_dir)

@@ -22,6 +22,9 @@ TESTED, NEVER, UNAVAILABLE = "tested", "never tested", "data unavailable"
 STATUSES = (TESTED, NEVER, UNAVAILABLE)
 UNJOINED = "tested, no verdict committed"
 CONVERGED = "converged proxy"
+LONG = "long proxy"  # long mode's runs (figures/long/): the paper's updates on a subset
+# each CPU proxy's folder under figures/ and the scale its rows get
+PROXY_SCALES = {"converged": CONVERGED, "long": LONG}
 OWN_ARTIFACTS = {"Timing model vs runner", "Communication vs quality"}  # this project's own claims: no source to list them
 
 
@@ -47,19 +50,22 @@ def load_ledger(papers_dir: Path) -> pd.DataFrame:
 def verdict_rows(figures_dir: Path, converged_dir: str = "converged") -> pd.DataFrame:
     """Every compare row with a claim and verdict under ``figures_dir``, its ``converged_dir``
     and ``paper/`` subfolders and the campaign's renders (``paper/campaign/<entry>/``);
-    converged rows get the scale `CONVERGED`. A paper-mode row comes before a quick-mode row of
-    the same claim and scale."""
+    converged rows get the scale `CONVERGED`, long mode's (``figures/long/``) `LONG`. A
+    paper-mode row comes before a quick-mode row of the same claim and scale."""
     frames = []
-    folders = [figures_dir, figures_dir / converged_dir, figures_dir / "paper",
+    scales = {**PROXY_SCALES, converged_dir: CONVERGED}
+    folders = [figures_dir, *(figures_dir / name for name in scales), figures_dir / "paper",
                *sorted((figures_dir / "paper" / "campaign").glob("*/"))]
     for folder in folders:
         for path in sorted(Path(folder).glob("*.compare.csv")):
-            df = pd.read_csv(path, dtype={"setting": str, "metric": str})
+            # a runs digest of 12 hex digits can read as a number: kept as text
+            df = pd.read_csv(path, dtype={"setting": str, "metric": str, "runs": str,
+                                          "source_value": str, "tested": str})
             if "claim" not in df or "verdict" not in df:
                 continue
             df = df[df["claim"].notna() & df["verdict"].notna()].copy()
-            if folder.name == converged_dir:
-                df["scale"] = CONVERGED
+            if folder.parent == figures_dir and folder.name in scales:
+                df["scale"] = scales[folder.name]
             frames.append(df.assign(path=str(path)))
     cols = ["artifact", "setting", "metric", "claim", "scale", "mode", "verdict", "value", "unit",
             "tested", "rule", "runs", "source_value", "path"]

@@ -38,7 +38,10 @@ from typing import Any
 
 from localsgd.paper import results
 
-MODES = ("smoke", "quick", "paper", "converged")  # reproduce.MODES (kept import-light)
+MODES = ("smoke", "quick", "paper", "converged", "long")  # reproduce.MODES (kept import-light)
+# the CPU proxies: each keeps its runs and figures in figures/<mode>/ (converged: 20 epochs of all
+# of CIFAR-10; long: the paper's 300 epochs and update counts on a subset, docs/pilot/)
+PROXY_MODES = ("converged", "long")
 
 
 class ParameterError(ValueError):
@@ -168,6 +171,9 @@ RULES: dict[str, Rule] = {
     "widths": list_of(number(0.0)),
     "n_train": optional(integer(1)),
     "n_test": optional(integer(1)),
+    "resolution": optional(integer(8)),
+    "batch_scale": number(0.0, maximum=1.0),
+    "packed": SWITCH,
     "epochs": number(0.0),
     "records_per_epoch": integer(1),
     "warmup_epochs": number(0.0, inclusive=True),
@@ -403,9 +409,9 @@ def _point_at_kept_runs(mode: Any) -> None:
     """Converged mode reads (and adds to) the committed kept runs, as `localsgd reproduce`
     does; any other mode undoes what an earlier converged run in this kernel set."""
     global _runs_set
-    if mode == "converged":
+    if mode in PROXY_MODES:
         if RUNS_ENV not in os.environ:
-            _runs_set = str(notebooks_dir().parent / "figures" / "converged" / "runs")
+            _runs_set = str(notebooks_dir().parent / "figures" / mode / "runs")
             os.environ[RUNS_ENV] = _runs_set
     elif _runs_set is not None:
         if os.environ.get(RUNS_ENV) == _runs_set:
@@ -480,7 +486,7 @@ class Session:
         self.P, self._clock = P, time.perf_counter
         self.t0 = self._clock()
         print_style()  # every figure is drawn for print: 7.5 inches wide, no text under 7 pt
-        self.scale = scale or {"paper": "full", "converged": "converged"}.get(P.mode, "reduced")
+        self.scale = scale or {"paper": "full", **{m: m for m in PROXY_MODES}}.get(P.mode, "reduced")
         n = getattr(P, "n_seeds", 1)
         self.seeds = list(range(P.seed, P.seed + n)) if hasattr(P, "seed") else []
 

@@ -42,6 +42,19 @@ STATUSES = (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE, STATUS_REDUCED, STA
 # joined with the quick or paper numbers of the same cell
 CONVERGED_DIR = "converged"
 CONVERGED_LABEL = "converged proxy"
+# long mode's runs (figures/long/): the paper's 300 epochs and update counts on a CIFAR-10
+# subset at 16x16 (docs/pilot/long_proxy.md); their own section and rows too
+LONG_DIR = "long"
+LONG_LABEL = ledger_mod.LONG
+# each proxy's folder, label and the one line its section opens with
+PROXIES = {
+    CONVERGED_DIR: (CONVERGED_LABEL, "a small model trained for a fraction of the source's "
+                    "epochs on a CPU with its protocol (full training set, warm-up, step "
+                    "decays, three seeds; model width and epochs in each row's note)"),
+    LONG_DIR: (LONG_LABEL, "the source's epochs, schedule and update counts on a CPU, on a "
+               "class-balanced eighth of CIFAR-10 at 16x16 with every batch an eighth, "
+               "ResNet-20 at a quarter width, three seeds (docs/pilot/long_proxy.md)"),
+}
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
 SIG_FIGS = 4  # numbers in the report and the README table
 
@@ -390,7 +403,7 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
 def _scale_label(row: pd.Series) -> str:
     scale, mode = row.get("scale"), row.get("mode")
     label = {"full": "full", "reduced": "reduced", "model": "model",
-             "converged": CONVERGED_LABEL}.get(scale, str(scale))
+             "converged": CONVERGED_LABEL, "long": LONG_LABEL}.get(scale, str(scale))
     return f"{label} ({mode} mode)" if mode == "paper" else label
 
 
@@ -410,10 +423,12 @@ def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     setting, metric) nor a ledger claim: the project's own checks, at every scale they ran
     (``figures/`` and converged mode's ``figures/converged/``)."""
     cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "mode", "scale"]
-    # converged mode's own artifacts too (a source's artifact there is `converged_claims`')
-    converged = _unjoined_claims(papers_dir, load_ours(Path(figures_dir) / CONVERGED_DIR))
-    converged = converged[~converged["artifact"].isin(set(load_reported(papers_dir)["artifact"]))]
-    rows = pd.concat([_unjoined_claims(papers_dir, load_ours(figures_dir)), converged],
+    # the proxies' own artifacts too (a source's artifact there is `proxy_claims`')
+    sourced = set(load_reported(papers_dir)["artifact"])
+    proxies = [p[~p["artifact"].isin(sourced)] for p in
+               (_unjoined_claims(papers_dir, load_ours(Path(figures_dir) / name))
+                for name in PROXIES)]
+    rows = pd.concat([_unjoined_claims(papers_dir, load_ours(figures_dir)), *proxies],
                      ignore_index=True)
     if not len(rows):
         return pd.DataFrame(columns=cols)
@@ -426,7 +441,13 @@ def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
 
 def converged_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """`claims` of converged mode's runs alone (``figures/converged/``; empty without them)."""
-    folder = Path(figures_dir) / CONVERGED_DIR
+    return proxy_claims(papers_dir, figures_dir, CONVERGED_DIR)
+
+
+def proxy_claims(papers_dir: Path, figures_dir: Path, name: str) -> pd.DataFrame:
+    """`claims` of one CPU proxy's runs alone (``figures/<name>/``, `PROXIES`; empty without
+    them)."""
+    folder = Path(figures_dir) / name
     if not any(folder.glob("*.compare.csv")):
         return claims(pd.DataFrame())
     # a claim read on a setting the source has no number for (Table 3 on 2x2, the smallest K
@@ -522,11 +543,13 @@ _RANK = {o: i for i, o in enumerate(("held", "did not hold", "model disagrees wi
                                      "not testable at this budget", "inconclusive at this scale",
                                      "not testable at this scale"))}
 VERDICT_SCALES = {"full": "Full scale", "converged proxy": "Converged proxy",
+                  LONG_LABEL: "Long proxy",
                   "reduced": "Quick mode", "model": "Timing model"}
 
 
 def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
-    """The README's verdict in five lines of at most `MAX_WORDS` words each: per scale the
+    """The README's verdict in five lines (six once the long proxy judged a claim) of at most
+    `MAX_WORDS` words each: per scale the
     ledger's claims judged there, by outcome (with their artifacts while the line stays short),
     a claim judged on the same runs with the same outcome as one before it named apart, not
     counted again (Table 5's ResNet-20 cells are Figure 6's H = 1 and 8); then how many
@@ -535,11 +558,15 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
     lines = []
     for scale, name in VERDICT_SCALES.items():
         part = led[led["scale"] == scale]
+        if not len(part) and scale == LONG_LABEL:
+            continue  # the long proxy's line only once it has judged something
         if not len(part):
             lines.append(f"**{name}**: no claim judged.")
             continue
         runs = part["runs"].fillna("").astype(str)
-        again = (runs != "") & part.assign(_r=runs).duplicated(["_r", "outcome"])
+        # the same runs, outcome and number: one verdict (two quantities of the same runs count twice)
+        same = ["_r", "outcome", *(["ours"] if "ours" in part else [])]
+        again = (runs != "") & part.assign(_r=runs).duplicated(same)
         shared = list(dict.fromkeys(_label(r["source"], r["artifact"])
                                     for _, r in part[again].iterrows()))
         part = part[~again]
@@ -722,15 +749,13 @@ def render(papers_dir: Path, figures_dir: Path) -> str:
         lines += [f"- **{c.source}, {c.artifact}** ({c.claim}): {c.detail}"
                   for c in tested.itertuples(index=False)]
         lines += [""]
-    conv = converged_claims(papers_dir, figures_dir)
-    if len(conv):
-        lines += [f"## Claims tested by the {CONVERGED_LABEL} (converged mode)", "",
-                  ("`localsgd reproduce --mode converged`: a small model trained for a "
-                   "fraction of the source's epochs on a CPU with its protocol (full training "
-                   "set, warm-up, step decays, three seeds; model width and epochs in each "
-                   "row's note, "
-                   f"`figures/{CONVERGED_DIR}/`). Kept apart from the rows above: a proxy's "
-                   "verdict speaks about the proxy."), "",
+    for name, (label, what) in PROXIES.items():
+        conv = proxy_claims(papers_dir, figures_dir, name)
+        if not len(conv):
+            continue
+        lines += [f"## Claims tested by the {label} ({name} mode)", "",
+                  (f"`localsgd reproduce --mode {name}`: {what}, `figures/{name}/`. Kept apart "
+                   "from the rows above: a proxy's verdict speaks about the proxy."), "",
                   _md_table(conv[["source", "artifact", "claim", "ours", "verdict"]].rename(
                       columns={"verdict": "outcome"})), "", "Verdicts in full:", ""]
         lines += [f"- **{c.source}, {c.artifact}** ({c.claim}): {c.detail}"

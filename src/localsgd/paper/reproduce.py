@@ -26,9 +26,9 @@ from localsgd.paper import run_progress
 from localsgd.paper.bench.allocator import allocator_env
 from localsgd.paper.notebook import HEADLESS_ENV, ParameterError, cell_defaults
 
-MODES = ("smoke", "quick", "paper", "converged")
+MODES = ("smoke", "quick", "paper", "converged", "long")
 # modes only some notebooks have (a params file): run without --only, they select those
-PARTIAL_MODES = ("converged",)
+PARTIAL_MODES = ("converged", "long")
 # Notebooks whose results are measured times (time axes from measured compute, timed launches,
 # step-time benchmarks): under ``--jobs`` they still run one at a time with every core, since
 # a notebook running beside them would slow them unevenly (two vCPUs are often one core's

@@ -29,8 +29,9 @@ from localsgd.paths import atomic_path  # re-exported: results.atomic_path is pu
 
 COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
 # model: a prediction of the timing model, not a run; converged: converged mode's small proxy
-# trained for a fraction of the source's epochs with its protocol
-SCALES = ("full", "reduced", "model", "converged")
+# trained for a fraction of the source's epochs with its protocol; long: long mode's proxy, the
+# source's epochs and update counts on a subset at lower resolution (docs/pilot/)
+SCALES = ("full", "reduced", "model", "converged", "long")
 _VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "matplotlib",
               "seaborn", "papermill")
 

@@ -467,8 +467,9 @@ def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, 
         text = str(verdict)
         if text.split(":", 1)[0] not in OUTCOMES:
             raise ValueError(f"verdict {text!r} does not start with one of {OUTCOMES}")
-        if re.search(r"\bnan\b", text, re.IGNORECASE):
-            raise ValueError(f"verdict {text!r} contains nan")
+        # "None" case-sensitive: the word "none" is prose
+        if re.search(r"\bnan\b", text, re.IGNORECASE) or re.search(r"\bNone\b", text):
+            raise ValueError(f"verdict {text!r} contains nan or None")
         row["claim"], row["verdict"], row["rule"] = claim, text, RULE
         if tested:
             row["tested"] = tested

@@ -215,8 +215,23 @@ def checkpoint_path(cfg: TrainConfig) -> Path:
 _CONFIG_NAMES = {"dataset": "dataset", "model": "model", "width": "width", "n_train": "n_train",
                  "n_test": "n_test", "K": "world_size", "B_loc": "local_batch",
                  "epochs": "epochs", "warmup_epochs": "warmup_epochs",
-                 "base_batch": "base_batch", "batched": "batched", "device": "device",
-                 "records_per_epoch": "records_per_epoch"}
+                 "base_batch": "base_batch", "batched": "batched", "packed": "packed",
+                 "device": "device", "records_per_epoch": "records_per_epoch",
+                 "resolution": "resolution"}
+# batch sizes a notebook's ``batch_scale`` multiplies (long mode: the subset's fraction of the
+# training set, so that B_glob / n and every run's update count stay the paper's)
+_SCALED = ("local_batch", "base_batch")
+
+
+def scaled_batch(P, batch: int) -> int:
+    """``batch`` times the notebook's ``batch_scale`` (1 when it declares none), which must give
+    a whole batch: one ValueError line otherwise."""
+    scale = getattr(P, "batch_scale", 1.0)
+    out = batch * scale
+    if out < 1 or abs(out - round(out)) > 1e-9:
+        raise ValueError(f"batch_scale={scale} turns batch {batch} into {out:g}: it must give a "
+                         "whole batch of at least 1")
+    return round(out)
 
 
 def base_config(P, **overrides) -> TrainConfig:
@@ -224,6 +239,7 @@ def base_config(P, **overrides) -> TrainConfig:
     it declares (``K`` -> ``world_size``, ``B_loc`` -> ``local_batch``, ``dataset``, ``model``,
     ``width``, ...) plus ``overrides``; the grid varies the rest with `dataclasses.replace`."""
     given = {field: getattr(P, name) for name, field in _CONFIG_NAMES.items() if hasattr(P, name)}
+    given.update({k: scaled_batch(P, given[k]) for k in _SCALED if k in given})
     return TrainConfig(**{**given, **overrides})
 
 
@@ -319,8 +335,8 @@ def _training_images(cfg: TrainConfig) -> int:
 
 
 # the config fields that set a worker's work per update (not H, K or the schedule)
-WORK_KEYS = ("dataset", "model", "width", "local_batch", "image_size", "augment", "device",
-             "dtype")
+WORK_KEYS = ("dataset", "model", "width", "local_batch", "image_size", "resolution", "augment",
+             "device", "dtype")
 
 
 def pool_compute(records: pd.DataFrame, by: Sequence[str] = WORK_KEYS) -> pd.DataFrame:

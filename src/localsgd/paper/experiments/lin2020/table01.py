@@ -33,26 +33,35 @@ TABLE01_CLAIM = "at large B_glob local SGD generalises better than mini-batch SG
 
 
 def table01_configs(base: TrainConfig, b_globs: Sequence[int], seeds: Sequence[int], *,
-                    warmup_epochs: float) -> tuple[list[TrainConfig], list[dict]]:
+                    warmup_epochs: float, batch_scale: float = 1.0
+                    ) -> tuple[list[TrainConfig], list[dict]]:
     """Table 1's grid: local SGD (B_loc fixed, H = B_glob / B_loc) vs mini-batch SGD
     (H = 1, B_loc = B_glob), each without and with the large-batch tricks (App. C: lr scaled by
     K·B_loc / base_batch, gradual warm-up over ``warmup_epochs``), K = ``base.world_size``.
 
     B_glob counts the samples one worker accesses per synchronisation. Identical configurations
     (B_glob = B_loc, where local SGD *is* mini-batch SGD) are trained once through the cache.
+    ``batch_scale`` (long mode: the subset's fraction of CIFAR-10): each run's B_glob is the
+    label's times it (``base.local_batch`` is scaled already, `grid.base_config`), so H and the
+    update counts are the label's; the labels keep the paper's B_glob.
     """
     configs, labels = [], []
     for tricks in (False, True):
         for method in ("local SGD", "mini-batch SGD"):
             for b_glob in b_globs:
+                run_b = b_glob * batch_scale
+                if run_b < 1 or abs(run_b - round(run_b)) > 1e-9:
+                    raise ValueError(f"batch_scale={batch_scale} turns B_glob={b_glob} into "
+                                     f"{run_b:g}: it must give a whole batch")
+                run_b = round(run_b)
                 if method == "local SGD":
-                    if b_glob % base.local_batch:
-                        raise ValueError(f"B_glob={b_glob} is not a multiple of B_loc="
+                    if run_b % base.local_batch:
+                        raise ValueError(f"B_glob={run_b} is not a multiple of B_loc="
                                          f"{base.local_batch}")
                     shape = {"local_batch": base.local_batch,
-                             "local_steps": b_glob // base.local_batch}
+                             "local_steps": run_b // base.local_batch}
                 else:
-                    shape = {"local_batch": b_glob, "local_steps": 1}
+                    shape = {"local_batch": run_b, "local_steps": 1}
                 trick = ({"scale_lr": True, "base_batch": base.local_batch,
                           "warmup_epochs": warmup_epochs} if tricks else
                          {"scale_lr": False, "warmup_epochs": 0.0})
@@ -74,7 +83,8 @@ def base(P) -> TrainConfig:
 def configs(P, seeds: Sequence[int]) -> tuple[list[TrainConfig], list[dict]]:
     """Table 1's grid from the notebook's parameters ``P``: `table01_configs` over `base` with
     ``P.B_globs`` and ``P.warmup_epochs``; (configs, labels)."""
-    return table01_configs(base(P), P.B_globs, seeds, warmup_epochs=P.warmup_epochs)
+    return table01_configs(base(P), P.B_globs, seeds, warmup_epochs=P.warmup_epochs,
+                           batch_scale=getattr(P, "batch_scale", 1.0))
 
 
 def table01_reported(papers_dir: str | Path | None = None) -> pd.DataFrame:
@@ -86,7 +96,8 @@ def table01_reported(papers_dir: str | Path | None = None) -> pd.DataFrame:
 
 
 def table01_claims(final: pd.DataFrame, *, mode: str, B_loc: int, width: float,
-                   n_train: int | None, epochs: float) -> list[dict]:
+                   n_train: int | None, epochs: float, batch_scale: float = 1.0,
+                   resolution: int | None = None) -> list[dict]:
     """Table 1 (§4.2.1, App. C): one compare row per (tricks, method, B_glob) with the mean
     final test top-1 over seeds, and the claim that at large B_glob local SGD generalises
     better than mini-batch SGD.
@@ -98,8 +109,12 @@ def table01_claims(final: pd.DataFrame, *, mode: str, B_loc: int, width: float,
     methods converged, neither underfit against the other: otherwise the gap is what each fits in
     the epoch budget, not generalisation) and the two by `claims.combine`. The claim sits on the row
     "local SGD; w/o tricks; B_glob=<largest>", with the paper's two gaps at that B_glob
-    (``source_value``) for the claims table to put beside ours.
+    (``source_value``) for the claims table to put beside ours. ``batch_scale`` and
+    ``resolution`` (long mode) go into each row's note: B_loc and B_glob are the paper's labels,
+    each run's batches those times ``batch_scale``.
     """
+    scaled = (f"; every batch x {batch_scale:g}" if batch_scale != 1 else "") + (
+        f"; {resolution}x{resolution} images" if resolution else "")
 
     table = final.groupby(["tricks", "method", "B_glob"])["test_acc"].agg(
         ["mean", "std", "count"]).reset_index()
@@ -107,7 +122,8 @@ def table01_claims(final: pd.DataFrame, *, mode: str, B_loc: int, width: float,
         "Table 1", f"{r['method']}; {r['tricks']}; B_glob={r['B_glob']}", "test top-1",
         r["mean"], unit="%",
         note=f"{mode}: std={r['std']:.2f} over {r['count']} seed(s); local SGD B_loc={B_loc}, "
-             f"H=B_glob/B_loc; width {width}, {n_train or 50000} images, {epochs:g} epochs")
+             f"H=B_glob/B_loc; width {width}, {n_train or 50000} images, {epochs:g} epochs"
+             f"{scaled}")
         for r in table.to_dict("records")]
     if final.empty:
         return rows
