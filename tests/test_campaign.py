@@ -124,7 +124,7 @@ def test_render_commands_quote_their_values():
 
 def test_unknown_entry_ids_fail_in_one_line(capsys):
     assert campaign.main(["--plan", "--only", "table99"]) == 2
-    assert "no campaign entry ['table99']" in capsys.readouterr().err
+    assert "no paper-mode campaign entry ['table99']" in capsys.readouterr().err
     frame = pd.DataFrame(campaign.plan(NOTEBOOKS, ROOT / "figures", "NVIDIA H200",
                                        entries=[campaign.ENTRIES[0]]))
     assert frame["runs"].tolist() == [1]

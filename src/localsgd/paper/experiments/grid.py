@@ -354,7 +354,9 @@ def pool_compute(records: pd.DataFrame, by: Sequence[str] = WORK_KEYS) -> pd.Dat
     keys = [k for k in by if k in out.columns]
     last = out.sort_values("step").groupby("run").last()
     per_run = last["compute_seconds"] / last["step"]
-    group = last[keys].astype(str).agg("|".join, axis=1) if keys else pd.Series("", last.index)
+    # str() of each value: astype(str) keeps a missing value (resolution None) as NaN
+    group = (last[keys].apply(lambda col: col.map(str)).agg("|".join, axis=1) if keys
+             else pd.Series("", last.index))
     pooled = per_run.groupby(group).transform("median")
     out["compute_seconds_measured"] = out["compute_seconds"]
     out["compute_seconds"] = out["step"] * out["run"].map(pooled)
