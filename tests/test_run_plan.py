@@ -95,6 +95,8 @@ READS_ALLOWED = {  # a file (every read in it) or file:function:field
     "paper/campaign.py:entry_configs:batched": ("refuses an entry that asks for the "
                                                 "sequential engine, before any plan: a pack "
                                                 "runs the batched one"),
+    "paper/campaign.py:_rate:device": ("prices a pack before it is planned: the asked device "
+                                       "picks the measured rate (CPU or a GPU's)"),
     "paper/experiments/grid.py:run_grid:device": "labels the console's time estimate as the CPU "
                                                  "proxy's; runs nothing",
     "paper/gpu_check.py:loop:batched": "the loop's table (loop.csv) shows the asked config",
