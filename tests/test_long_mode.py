@@ -31,11 +31,11 @@ def test_batch_scale_keeps_h_and_the_papers_b_glob_labels():
 
 def test_a_batch_scale_that_leaves_no_whole_batch_is_one_line():
     with pytest.raises(ValueError, match="whole batch"):
-        grid.scaled_batch(SimpleNamespace(batch_scale=0.3), 128)
+        grid.scaled_batch(128, 0.3)
     with pytest.raises(ValueError, match="whole batch"):
         table01.table01_configs(TrainConfig(local_batch=16), [100], [0], warmup_epochs=0.0,
                                 batch_scale=0.125)
-    assert grid.scaled_batch(SimpleNamespace(), 128) == 128  # no batch_scale: as given
+    assert grid.base_config(SimpleNamespace(B_loc=128)).local_batch == 128  # no batch_scale: as given
 
 
 def test_base_config_scales_b_loc_and_passes_resolution_and_packing():

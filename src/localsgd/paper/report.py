@@ -41,11 +41,11 @@ STATUSES = (STATUS_FULL, STATUS_DIFFERS, STATUS_QUALITATIVE, STATUS_REDUCED, STA
 # paper's epochs with its protocol on a CPU; reported in their own section and rows, never
 # joined with the quick or paper numbers of the same cell
 CONVERGED_DIR = "converged"
-CONVERGED_LABEL = "converged proxy"
+CONVERGED_LABEL = ledger_mod.CONVERGED
 # long mode's runs (figures/long/): the paper's 300 epochs and update counts on a CIFAR-10
 # subset at 16x16 (docs/pilot/long_proxy.md); their own section and rows too
 LONG_DIR = "long"
-LONG_LABEL = ledger_mod.LONG
+LONG_LABEL = ledger_mod.PROXY_SCALES[LONG_DIR]
 # each proxy's folder, label and the one line its section opens with
 PROXIES = {
     CONVERGED_DIR: (CONVERGED_LABEL, "a small model trained for a fraction of the source's "
@@ -403,7 +403,7 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
 def _scale_label(row: pd.Series) -> str:
     scale, mode = row.get("scale"), row.get("mode")
     label = {"full": "full", "reduced": "reduced", "model": "model",
-             "converged": CONVERGED_LABEL, "long": LONG_LABEL}.get(scale, str(scale))
+             **ledger_mod.PROXY_SCALES}.get(scale, str(scale))
     return f"{label} ({mode} mode)" if mode == "paper" else label
 
 

@@ -223,10 +223,9 @@ _CONFIG_NAMES = {"dataset": "dataset", "model": "model", "width": "width", "n_tr
 _SCALED = ("local_batch", "base_batch")
 
 
-def scaled_batch(P, batch: int) -> int:
-    """``batch`` times the notebook's ``batch_scale`` (1 when it declares none), which must give
-    a whole batch: one ValueError line otherwise."""
-    scale = getattr(P, "batch_scale", 1.0)
+def scaled_batch(batch: int, scale: float) -> int:
+    """``batch`` times ``scale`` (a notebook's ``batch_scale``), which must give a whole batch:
+    one ValueError line otherwise."""
     out = batch * scale
     if out < 1 or abs(out - round(out)) > 1e-9:
         raise ValueError(f"batch_scale={scale} turns batch {batch} into {out:g}: it must give a "
@@ -239,7 +238,8 @@ def base_config(P, **overrides) -> TrainConfig:
     it declares (``K`` -> ``world_size``, ``B_loc`` -> ``local_batch``, ``dataset``, ``model``,
     ``width``, ...) plus ``overrides``; the grid varies the rest with `dataclasses.replace`."""
     given = {field: getattr(P, name) for name, field in _CONFIG_NAMES.items() if hasattr(P, name)}
-    given.update({k: scaled_batch(P, given[k]) for k in _SCALED if k in given})
+    scale = getattr(P, "batch_scale", 1.0)
+    given.update({k: scaled_batch(given[k], scale) for k in _SCALED if k in given})
     return TrainConfig(**{**given, **overrides})
 
 

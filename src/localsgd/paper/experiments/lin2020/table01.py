@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from localsgd.paper.experiments import claims
-from localsgd.paper.experiments.grid import base_config
+from localsgd.paper.experiments.grid import base_config, scaled_batch
 from localsgd.paper.experiments.lin2020.common import (
     gaps_by_seed,
     part_text,
@@ -49,11 +49,7 @@ def table01_configs(base: TrainConfig, b_globs: Sequence[int], seeds: Sequence[i
     for tricks in (False, True):
         for method in ("local SGD", "mini-batch SGD"):
             for b_glob in b_globs:
-                run_b = b_glob * batch_scale
-                if run_b < 1 or abs(run_b - round(run_b)) > 1e-9:
-                    raise ValueError(f"batch_scale={batch_scale} turns B_glob={b_glob} into "
-                                     f"{run_b:g}: it must give a whole batch")
-                run_b = round(run_b)
+                run_b = scaled_batch(b_glob, batch_scale)
                 if method == "local SGD":
                     if run_b % base.local_batch:
                         raise ValueError(f"B_glob={run_b} is not a multiple of B_loc="
