@@ -103,6 +103,10 @@ def _parser() -> argparse.ArgumentParser:
                    "(--engine replicas) or one process per worker under torchrun (--engine "
                    "ddp); `localsgd train --help` (localsgd.training.cli)")
 
+    sub.add_parser("cluster", add_help=False, help="run a torchrun job on an emulated cluster "
+                   "(network namespaces as nodes, tc-shaped links; root): `localsgd cluster "
+                   "--help` (localsgd.netcluster)")
+
     pl = sub.add_parser("plan", help="rank sync / local / hierarchical SGD schedules for a "
                         "cluster by predicted time per step (the timing model)",
                         description="Rank schedules by the wall-clock model of "
@@ -415,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
         from localsgd.training.cli import main as train
 
         return train(argv[1:])
+    if argv[:1] == ["cluster"]:
+        from localsgd.netcluster import main as cluster
+
+        return cluster(argv[1:])
     if argv[:1] == ["campaign"]:
         from localsgd.paper.campaign import main as campaign
 
