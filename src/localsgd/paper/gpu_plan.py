@@ -319,6 +319,7 @@ NO_GPU = {
     "appB_comm_cost": "communication-cost formulas (no training)",
     "blog_hsgd_stragglers": "timing-model prediction on the CPU",
     "explore_stragglers": "timing-model prediction on the CPU",
+    "fig01_allreduce": "measured on the emulated cluster (CPU processes, namespaces)",
     "fig04_convex_time": "convex problem on the CPU",
     "fig05_convex_speedup": "convex problem on the CPU",
     "table02_time_vs_H": "fit to the paper's Table 2",

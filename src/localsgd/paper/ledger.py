@@ -25,6 +25,7 @@ CONVERGED = "converged proxy"
 LONG = "long proxy"  # long mode's runs (figures/long/): the paper's updates on a subset
 # each CPU proxy's folder under figures/ and the scale its rows get
 PROXY_SCALES = {"converged": CONVERGED, "long": LONG}
+CLUSTER, CLUSTER_LABEL = "cluster", "emulated cluster"  # results' scale, the README's word
 OWN_ARTIFACTS = {"Timing model vs runner", "Communication vs quality"}  # this project's own claims: no source to list them
 
 

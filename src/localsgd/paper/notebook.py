@@ -272,6 +272,9 @@ RULES: dict[str, Rule] = {
     "queue_test": FLAG,
     "workers": integer(1),
     "Hb": integer(1),
+    # fig01_allreduce: the emulated cluster's measurements (`localsgd bench cluster`)
+    "measured": Rule(lambda v: isinstance(v, str) and v.endswith(".csv"),
+                     "a .csv path (relative to the repository root, or absolute)"),
 }
 
 

@@ -403,6 +403,7 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
 def _scale_label(row: pd.Series) -> str:
     scale, mode = row.get("scale"), row.get("mode")
     label = {"full": "full", "reduced": "reduced", "model": "model",
+             ledger_mod.CLUSTER: ledger_mod.CLUSTER_LABEL,
              **ledger_mod.PROXY_SCALES}.get(scale, str(scale))
     return f"{label} ({mode} mode)" if mode == "paper" else label
 
@@ -543,8 +544,10 @@ _RANK = {o: i for i, o in enumerate(("held", "did not hold", "model disagrees wi
                                      "not testable at this budget", "inconclusive at this scale",
                                      "not testable at this scale"))}
 VERDICT_SCALES = {"full": "Full scale", "converged proxy": "Converged proxy",
-                  LONG_LABEL: "Long proxy",
+                  LONG_LABEL: "Long proxy", ledger_mod.CLUSTER: "Emulated cluster",
                   "reduced": "Quick mode", "model": "Timing model"}
+# lines shown only once their scale has judged a claim
+OPTIONAL_SCALES = (LONG_LABEL, ledger_mod.CLUSTER)
 
 
 def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
@@ -558,8 +561,8 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
     lines = []
     for scale, name in VERDICT_SCALES.items():
         part = led[led["scale"] == scale]
-        if not len(part) and scale == LONG_LABEL:
-            continue  # the long proxy's line only once it has judged something
+        if not len(part) and scale in OPTIONAL_SCALES:
+            continue  # the long proxy's and the cluster's lines only once they judged
         if not len(part):
             lines.append(f"**{name}**: no claim judged.")
             continue

@@ -31,7 +31,8 @@ COMPARE_COLUMNS = ("artifact", "setting", "metric", "value")
 # model: a prediction of the timing model, not a run; converged: converged mode's small proxy
 # trained for a fraction of the source's epochs with its protocol; long: long mode's proxy, the
 # source's epochs and update counts on a subset at lower resolution (docs/pilot/)
-SCALES = ("full", "reduced", "model", "converged", "long")
+# cluster: measured on the emulated cluster (localsgd.netcluster: namespaces, tbf-shaped links)
+SCALES = ("full", "reduced", "model", "converged", "long", "cluster")
 _VERSIONED = ("localsgd", "torch", "torchvision", "numpy", "scipy", "pandas", "matplotlib",
               "seaborn", "papermill")
 

@@ -118,10 +118,11 @@ def _fmt(x: float, unit: str) -> str:
 def verdict(values: Sequence[float] | float, threshold: float, *, origin: str,
             higher_is_better: bool = True, deterministic: bool = False, unit: str = "",
             data_available: bool = True, what: str = "value",
-            resolution: float = 0.0) -> Verdict:
+            resolution: float = 0.0, over: str = "seeds") -> Verdict:
     """Decide the claim "``what`` >= ``threshold``" (or <= with ``higher_is_better=False``) from
     per-seed ``values`` by the rule of the module docstring; ``origin`` says where the
-    threshold comes from (`paper` or `ours`)."""
+    threshold comes from (`paper` or `ours`); ``over`` names the samples ("repeats" for
+    timings)."""
     if not data_available:
         return Verdict(UNAVAILABLE, math.nan, math.nan, 0,
                        "the data set is not on this machine (not substituted)")
@@ -145,21 +146,21 @@ def verdict(values: Sequence[float] | float, threshold: float, *, origin: str,
                        f"{what} {_fmt(mean, unit)}; {claim}")
     if len(arr) < 2:
         return Verdict(INCONCLUSIVE, mean, sd, 1,
-                       f"{what} {_fmt(mean, unit)} (1 seed), {claim}: one seed gives no "
-                       "interval to judge by")
+                       f"{what} {_fmt(mean, unit)} (1 {over.rstrip('s')}), {claim}: one "
+                       f"{over.rstrip('s')} gives no interval to judge by")
     low, high = bounds(arr)
     # the bound on the claim's side, and the one on the other
     near, far = (low, high) if higher_is_better else (high, low)
-    spread = (f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} seeds, one-sided "
+    spread = (f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} {over}, one-sided "
               f"95 % bound {_fmt(near, unit)} (t)")
     if sign * (near - threshold) > 0:
         return Verdict(HELD, mean, sd, len(arr), f"{spread}; {claim}", low, high)
     if sign * (far - threshold) < 0:
         return Verdict(NOT_HELD, mean, sd, len(arr),
-                       f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} seeds, "
+                       f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} {over}, "
                        f"one-sided 95 % bound {_fmt(far, unit)} (t); {claim}", low, high)
     return Verdict(INCONCLUSIVE, mean, sd, len(arr),
-                   f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} seeds, 95 % "
+                   f"{what} {_fmt(mean, unit)} ± {sd:.2g}{unit} sd over {len(arr)} {over}, 95 % "
                    f"bounds {_fmt(low, unit)} and {_fmt(high, unit)} (t), {claim}: the "
                    "threshold lies within them", low, high)
 

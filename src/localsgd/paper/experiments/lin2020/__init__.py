@@ -11,6 +11,7 @@ One function per artifact turns its measured table into compare rows (`claims.cl
 verdict by the one rule (`claims.verdict`: one-sided 95 % t bound); tests/test_claims_lin2020*.py feed them
 hand-made records.
 
+* `fig01`: Figure 1 (§1), the all-reduce time over processes, measured on the emulated cluster.
 * `fig06`: Figure 6 (§4.2.1), H = 1 … 16 on CIFAR-10: grid, speed-up and test-accuracy claims.
 * `fig07`: Figure 7 (§4.2.1), scaling over K: grid and claims (`scaling_table` is `common`'s).
 * `fig08`: Figure 8 (§4.2.2), ResNet-50 on ImageNet: runs, torchrun commands, claim.
@@ -31,6 +32,7 @@ Every name the notebooks, tests and other modules use is re-exported here
 
 from localsgd.paper.experiments.lin2020 import (
     common,
+    fig01,
     fig06,
     fig07,
     fig08,

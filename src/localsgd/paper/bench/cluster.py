@@ -1,0 +1,91 @@
+"""``localsgd bench cluster``: Figure 1 of Lin et al. (2020) measured on the emulated cluster.
+
+The figure times an MPI all-reduce of 100 MB as cores are added (10 Gbps, 48 cores per
+machine). Here one gloo all-reduce of ``--mb`` MB (default the figure's 100) is timed on
+``localsgd.netcluster`` nodes whose links are capped at ``--rate-mbit``, for each nodes ×
+processes-per-node layout, ``--repeats`` times each (`allreduce_worker`). Rows go to
+``--out`` (default ``figures/cluster/fig01_allreduce.csv``: the ``fig01_allreduce`` notebook
+reads it), one per repeat, with the link's measured rate. The provenance goes beside it in a
+``.json``: machine, load, the asked and measured rates, command and date. Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from localsgd import netcluster
+from localsgd.paper.bench.common import machine
+
+LAYOUTS = "1x2,2x1,2x2,4x1,4x2,8x1"  # nodes x processes per node
+
+
+def measure(layouts: list[tuple[int, int]], rate_mbit: float, mb: float, repeats: int,
+            say=print) -> tuple[pd.DataFrame, dict]:
+    """One row per layout and repeat: nodes, procs_per_node, processes, repeat, seconds,
+    asked and measured Mbit/s (the probe's mean of both ways; NaN on one node)."""
+    rows, runs = [], []
+    worker = ["-m", "localsgd.paper.bench.allreduce_worker", "--mb", str(mb), "--repeats",
+              str(repeats)]
+    with tempfile.TemporaryDirectory() as tmp:
+        for nodes, per in layouts:
+            out = Path(tmp) / f"{nodes}x{per}.json"
+            rec = netcluster.run_job(nodes, per, rate_mbit, [*worker, "--out", str(out)],
+                                     probe_mb=8.0, timeout=1800, say=say)
+            got = json.loads(out.read_text())
+            rates = list(rec.get("measured_rate_mbit", {}).values())
+            measured = sum(rates) / len(rates) if rates else float("nan")
+            for i, s in enumerate(got["seconds"]):
+                rows.append({"nodes": nodes, "procs_per_node": per, "processes": nodes * per,
+                             "repeat": i, "seconds": s, "asked_rate_mbit": rate_mbit,
+                             "measured_rate_mbit": measured, "mb": mb})
+            runs.append({k: rec.get(k) for k in ("nodes", "procs_per_node", "measured_rate_mbit",
+                                                  "seconds", "left_behind")})
+            say(f"{nodes} x {per}: " + ", ".join(f"{s:.2f}" for s in got["seconds"]) + " s")
+    return pd.DataFrame(rows), {"jobs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="localsgd bench cluster", description=__doc__.split("\n")[0])
+    p.add_argument("--layouts", default=LAYOUTS, help=f"nodes x processes (default {LAYOUTS})")
+    p.add_argument("--rate-mbit", type=float, default=100.0)
+    p.add_argument("--mb", type=float, default=100.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("figures/cluster/fig01_allreduce.csv"))
+    args = p.parse_args(argv)
+    try:
+        layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
+        if any(len(t) != 2 for t in layouts):
+            raise ValueError
+    except ValueError:
+        print(f"error: --layouts {args.layouts!r}: comma-separated NODESxPROCS, e.g. 2x1,4x2",
+              file=sys.stderr)
+        return 2
+    start = datetime.datetime.now(datetime.timezone.utc)
+    try:
+        netcluster.require_net_admin()
+        load0 = os.getloadavg()[0]
+        frame, prov = measure(layouts, args.rate_mbit, args.mb, args.repeats)
+    except netcluster.ClusterError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out, index=False)
+    prov.update({"command": "localsgd bench cluster " + " ".join(argv or sys.argv[1:]),
+                 "started_utc": start.isoformat(timespec="seconds"),
+                 "load_avg_1min_before": load0, "machine": machine(),
+                 "delay": "none emulated (no netem in this kernel)"})
+    args.out.with_suffix(".json").write_text(json.dumps(prov, indent=1, default=str) + "\n")
+    print(f"wrote {args.out} ({len(frame)} rows) and its .json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
