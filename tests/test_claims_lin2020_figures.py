@@ -225,6 +225,13 @@ def test_fig06c_is_judged_at_every_h_after_the_regime_check():
     speed = next(r for r in rows if r["metric"] == "training time speed-up")
     assert outcome(speed) == c.NOT_IN_REGIME
     assert "the speed-ups it would judge: held" in speed["verdict"]
+    # planted: communication 0.1 % of H = 1's time, so the speed-up's mechanism is absent at
+    # this scale whatever the budget: that outcome leads, the regime named after it
+    rows = lin2020.fig06_claims(moving.assign(compute_seconds=moving["time_s"] * 0.999),
+                                Hs=[1, 8, 16], inter_gbps=10.0, note="n")
+    speed = next(r for r in rows if r["metric"] == "training time speed-up")
+    assert outcome(speed) == c.NOT_TESTABLE, speed["verdict"]
+    assert "also outside the claim's regime: H = 16's test top-1 still moves" in speed["verdict"]
 
 
 def test_fig06_needs_h1_and_h16():
@@ -423,6 +430,14 @@ def test_fig09_accuracy_part_passes_the_regime_check_first():
     assert "regime: [" in rows["b"]["verdict"] and "held" not in rows["b"]["verdict"][:20]
     in_regime = fig09(tta, hbs=(1, 16), final=final.assign(tail_move=0.1))
     assert outcome(in_regime["b"]) == HELD and "regime" not in in_regime["b"]["verdict"]
+    # planted: no run reached the target and the runs are outside the regime: the regime's
+    # outcome stays (no measurement would lift it), the missing time named beside it
+    rows = fig09(tta.assign(time_to_target=float("nan")), hbs=(1, 16), final=final)
+    assert outcome(rows["b"]) == c.NOT_IN_REGIME and "not measurable" in rows["b"]["verdict"]
+    # in the regime, a target no run reached is what the row says
+    rows = fig09(tta.assign(time_to_target=float("nan")), hbs=(1, 16),
+                 final=final.assign(tail_move=0.1))
+    assert outcome(rows["b"]) == c.NOT_MEASURABLE
 
 
 def test_fig09_names_the_updates_each_needed():

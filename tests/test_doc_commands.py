@@ -239,6 +239,10 @@ RUNS = [
         "256 images, one epoch", _files("runs/hier1/summary.json")),
     Run(r"--node-rank 0", "--n-train 256 --n-test 32 --epochs 1 --no-progress",
         "two nodes on loopback, side by side, on a free port", _files("runs/two/summary.json")),
+    Run(r"^sudo localsgd cluster --nodes 4 --procs-per-node 2 --rate-mbit 100",
+        skip="root's command: tests/test_netcluster.py runs this job (4 nodes x 2 processes, "
+             "100 Mbit/s, hierarchical H = 2, H^b = 2, at 512 images) as root and checks "
+             "consensus, the probed rate and that nothing is left behind"),
     Run(r"^#!/bin/bash", why="a simulated 2-node job (see test_slurm_job_resumes)",
         skip="run by test_slurm_job_resumes_after_a_kill"),
     Run(r"\$TR \$cfg --local-steps 1 --post-local-warmup-epochs 8 --out sync$",

@@ -152,6 +152,21 @@ def test_a_long_line_drops_names_before_it_passes_40_words(tmp_path):
         "**Quick mode** (30 claims): held 30."
 
 
+def test_shared_names_go_too_when_the_line_is_long(tmp_path):
+    """The "plus N on the same runs" part loses its names with the others: the line stays
+    within MAX_WORDS however many claims share runs."""
+    papers, figures = tmp_path / "papers", tmp_path / "figures"
+    names = [f"claim number {i}" for i in range(24)]
+    _ledger_file(papers / "lin2020_local_sgd",
+                 [_row(f"c{i}", n, artifact=f"Figure {i}") for i, n in enumerate(names)])
+    _compare(figures / "all.compare.csv",
+             [{"setting": str(i), "claim": n, "verdict": "held: x", "rule": claims.RULE,
+               "runs": "same" if i % 2 else f"own{i}"} for i, n in enumerate(names)])
+    quick = report.verdict_lines(papers, figures)[2]
+    assert len(quick.split()) <= report.MAX_WORDS, quick
+    assert quick == "**Quick mode** (13 claims): held 13; plus 11 on the same runs as another."
+
+
 def test_bad_ledger_files_fail_in_one_line(tmp_path):
     _ledger_file(tmp_path / "a", [_row("x", "c", status="maybe")])
     with pytest.raises(ValueError, match=r"claims.csv: status \['maybe'\]"):

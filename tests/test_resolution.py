@@ -50,3 +50,13 @@ def test_resolution_is_keyed_only_when_set_and_bad_values_fail_in_one_line():
             TrainConfig(resolution=bad)
     with pytest.raises(ValueError, match="for in-memory data sets only"):
         TrainConfig(dataset="imagenet", resolution=16)
+    with pytest.raises(ValueError, match="model 'mlp' takes 3x32x32 images"):
+        TrainConfig(model="mlp", resolution=16)  # refused at construction, not at the forward
+    assert TrainConfig(model="mlp", resolution=32).resolution == 32
+
+
+def test_a_side_that_does_not_divide_32_pools_overlapping_windows(synth32):
+    from localsgd.training.batch_sources import downsampled
+
+    small = downsampled(synth32, 24)
+    assert small.train_x.shape[-2:] == (24, 24) and small.train_x.dtype == synth32.train_x.dtype

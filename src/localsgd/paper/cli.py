@@ -26,7 +26,7 @@ from localsgd.timing.simulate import WIRE_BYTES
 BENCHES = {
     "allocator": "localsgd.paper.bench.allocator",
     "averaging": "localsgd.paper.bench.averaging",
-    "cluster": "localsgd.paper.bench.cluster",
+    "cluster": "localsgd.paper.cluster_bench",
     "convex": "localsgd.paper.bench.convex",
     "ddp": "localsgd.paper.bench.ddp",
     "proxy": "localsgd.paper.bench.proxy",

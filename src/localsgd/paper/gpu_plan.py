@@ -325,6 +325,7 @@ NO_GPU = {
     "table02_time_vs_H": "fit to the paper's Table 2",
     "table04_models": "parameter / flop counts on the meta device",
     "timing_validation": "gloo CPU processes with emulated compute",
+    "timing_cluster": "measured on the emulated cluster (CPU processes, namespaces)",
     "dynamo_ddp": "needs 8x8 A100 + torchbench: not planned here (the notebook stops in paper "
                   "mode and prints what to run)",
 }

@@ -582,9 +582,9 @@ def verdict_lines(papers_dir: Path, figures_dir: Path) -> list[str]:
             parts = [f"{o} {len(groups[o])}" + (
                 f" ({', '.join(dict.fromkeys(groups[o]))})" if i < named else "")
                 for i, o in enumerate(order)]
-            if shared:
-                parts.append(f"plus {int(again.sum())} on the same runs as another "
-                             f"({', '.join(shared)})")
+            if shared:  # its names go last, with the others'
+                parts.append(f"plus {int(again.sum())} on the same runs as another"
+                             + (f" ({', '.join(shared)})" if named else ""))
             line = (f"**{name}** ({len(part)} claim{'s' if len(part) != 1 else ''}): "
                     + "; ".join(parts) + ".")
             if len(line.split()) <= MAX_WORDS:

@@ -28,8 +28,9 @@ STREAMED = ("imagenet", "cifar10_folder")  # data sets read from image folders w
 
 
 def downsampled(ds: data_mod.ImageDataset, side: int) -> data_mod.ImageDataset:
-    """``ds`` with every image area-averaged to ``side`` × ``side`` (an integer factor: each
-    block's mean), rounded back to uint8; labels, classes and statistics kept."""
+    """``ds`` with every image area-averaged to ``side`` × ``side`` (torch's area mode, adaptive
+    average pooling: each block's mean where ``side`` divides the image's, overlapping windows
+    otherwise, e.g. 24 from 32), rounded back to uint8; labels, classes and statistics kept."""
     if side > ds.train_x.shape[-1]:
         raise ValueError(f"resolution={side}: larger than {ds.name}'s "
                          f"{ds.train_x.shape[-1]}-pixel images (only downsampling)")

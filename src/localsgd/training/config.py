@@ -271,6 +271,9 @@ class TrainConfig:
                 self.resolution, int) or self.resolution < 8):
             raise ValueError(f"resolution={self.resolution!r}: must be null or an integer >= 8 "
                              "(the side in pixels in-memory images are downsampled to)")
+        if self.resolution is not None and self.model == "mlp" and self.resolution != 32:
+            raise ValueError(f"resolution={self.resolution}: model 'mlp' takes 3x32x32 images "
+                             "(its first layer is 3,072 wide); use resnet20 or resolution null")
         if self.resolution is not None and self.dataset in ("imagenet", "cifar10_folder"):
             raise ValueError(f"resolution={self.resolution}: for in-memory data sets only; "
                              f"{self.dataset} is streamed (set image_size)")

@@ -1,5 +1,5 @@
 """A torchrun target: time ``--repeats`` gloo all-reduces of a ``--mb`` MB float32 buffer
-(Figure 1 of Lin et al. 2020 on the emulated cluster, `localsgd.paper.bench.cluster`).
+(Figure 1 of Lin et al. 2020 on the emulated cluster, `localsgd.paper.cluster_bench`).
 
 Each repeat starts after a barrier, and its time is the slowest rank's, since an all-reduce has
 ended only when every rank holds the sum. A small all-reduce first opens gloo's connections, so

@@ -130,10 +130,14 @@ def warm_steps(entries: list[dict]) -> int:
 
 def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_ms: float,
            straggler_seconds: float, straggler_rate: float, base: dict | None = None,
-           timeout: float = 900.0) -> dict:
+           timeout: float = 900.0, cluster_rate_mbit: float | None = None,
+           procs_per_node: int | None = None) -> dict:
     """Run ``entries`` in one ``torchrun --standalone --nproc-per-node workers`` launch of the
     runner (``--sweep``); ``steps`` updates per run. Returns {"seconds": launch wall time,
-    "warm": steps before the window, "command": the command line}; outputs in ``out/runs``."""
+    "warm": steps before the window, "command": the command line}; outputs in ``out/runs``.
+    With ``cluster_rate_mbit``: one torchrun agent on each of ``workers / procs_per_node``
+    emulated nodes instead (`localsgd.netcluster`, links capped at that rate; root), and the
+    link's measured rate in the result."""
     if workers < 2:
         raise ValueError(f"workers={workers}: the runner needs >= 2 processes")
     out = Path(out)
@@ -157,6 +161,9 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     # recorded command: the profile file's path is this machine's)
     phases = ["--phases", os.environ[profile.ENV]] if profile.enabled() else []
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if cluster_rate_mbit is not None:
+        return _launch_on_cluster(cmd[cmd.index("-m", 3):] + phases, workers, procs_per_node,
+                                  cluster_rate_mbit, out, warm, steps, timeout)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd + phases, env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
@@ -169,6 +176,33 @@ def launch(entries: list[dict], workers: int, out: Path, *, steps: int, compute_
     info = {"seconds": seconds, "warm": warm, "steps": steps,
             "command": " ".join(cmd[1:]).replace(str(out), "OUT")}
     (out / "launch.json").write_text(json.dumps(info, indent=2))
+    return info
+
+
+def _launch_on_cluster(command: list[str], workers: int, procs_per_node: int | None,
+                       rate_mbit: float, out: Path, warm: int, steps: int,
+                       timeout: float) -> dict:
+    """`launch`'s runner command as a multi-node job on the emulated cluster."""
+    from localsgd import netcluster
+
+    if not procs_per_node or workers % procs_per_node:
+        raise ValueError(f"workers={workers} on an emulated cluster needs procs_per_node "
+                         f"dividing it (got {procs_per_node})")
+    nodes = workers // procs_per_node
+    t0 = time.perf_counter()
+    try:
+        rec = netcluster.run_job(nodes, procs_per_node, rate_mbit, command, out=out,
+                                 timeout=timeout, say=lambda line: None)
+    except netcluster.ClusterError as err:
+        raise RuntimeError(f"the runner failed on the emulated cluster ({nodes} nodes x "
+                           f"{procs_per_node}): {err}") from None
+    seconds = time.perf_counter() - t0
+    info = {"seconds": seconds, "warm": warm, "steps": steps,
+            "command": f"localsgd cluster --nodes {nodes} --procs-per-node {procs_per_node} "
+                       f"--rate-mbit {rate_mbit:g} -- " + " ".join(command).replace(str(out),
+                                                                                  "OUT"),
+            "measured_rate_mbit": rec.get("measured_rate_mbit")}
+    (Path(out) / "launch.json").write_text(json.dumps(info, indent=2))
     return info
 
 
@@ -416,11 +450,13 @@ def analyse(out: Path, warm: int, straggler_seconds: float, straggler_rate: floa
 def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=(2, 4, 8),
              hierarchical=((2, 4),), steps: int = 48, compute_ms: float = 60.0,
              straggler_seconds: float = 0.3, straggler_rate: float = 0.02, repeats: int = 1,
-             seed: int = 0, timeout: float = 900.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+             seed: int = 0, timeout: float = 900.0,
+             cluster_rate_mbit: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Launch the grid once per world size, then measured beside predicted: (rows, launches)
     — one row per run, and per launch and repeat its wall time, command and both
     `Calibration` s (the averaging one's fields, plus ``grad_ms``, ``sync_compute_ms`` and
-    ``sync_jitter`` of the gradient one)."""
+    ``sync_jitter`` of the gradient one). ``cluster_rate_mbit``: every launch on the emulated
+    cluster, nodes of ``procs_per_node`` (`launch`)."""
     rows, launches = [], []
     for w in workers:
         if w % procs_per_node:
@@ -429,12 +465,15 @@ def validate(workers: list[int], out: Path, *, procs_per_node: int, local_steps=
         where = Path(out) / f"w{w}"
         info = launch(entries, w, where, steps=steps, compute_ms=compute_ms,
                       straggler_seconds=straggler_seconds, straggler_rate=straggler_rate,
-                      timeout=timeout)
+                      timeout=timeout, cluster_rate_mbit=cluster_rate_mbit,
+                      procs_per_node=procs_per_node)
         df, all_cals = analyse(where, info["warm"], straggler_seconds, straggler_rate)
         rows.append(df)
         for cals in all_cals:
             cal, grad = cals["average"], cals["gradient"]
+            link = info.get("measured_rate_mbit") or {}
             launches.append({"workers": w, "launch_s": info["seconds"],
+                             "link_mbit": (sum(link.values()) / len(link)) if link else None,
                              "command": info["command"], **asdict(cal),
                              "intra_gbps": cal.cluster().intra_gbps,
                              "inter_gbps": cal.cluster().inter_gbps,
@@ -701,11 +740,14 @@ def queue_verdict(queue: pd.DataFrame, tolerance: float) -> str:
 
 
 def validation_claims(rows: pd.DataFrame, queue: pd.DataFrame | None, *, mode: str, steps: int,
-                      repeats: int, block_size: int, tolerance: float) -> list[dict]:
+                      repeats: int, block_size: int, tolerance: float,
+                      where: str = "") -> list[dict]:
     """The notebook's compare rows: per tested run (median over repeats) and per queue-test run
     its predicted / measured speed-up (values, no claim), then the two claims (`speedup_verdict`,
     `queue_verdict`) with the largest speed-up error as their value. ``rows``: `validate`'s
-    rows (one per run and repeat); ``queue``: `queue_experiment`'s table or None."""
+    rows (one per run and repeat); ``queue``: `queue_experiment`'s table or None; ``where``
+    leads every setting (e.g. "link=100 Mbit/s; " on the emulated cluster), so the loopback's
+    rows and another network's never share a key."""
     note = (f"{mode}: {steps} updates per run, {repeats} repeat(s), nodes of {block_size}; "
             "fitted per world size on two straggler-free runs (model averaging: compute mean "
             "and cv, node and world average cost, latency 0; synchronous SGD: the same and the "
@@ -713,7 +755,7 @@ def validation_claims(rows: pd.DataFrame, queue: pd.DataFrame | None, *, mode: s
     tested = tested_runs(median_table(rows))
     qt = None if queue is None else queue[queue.scheme != SYNC]
     out = [claims.claim_row(
-        ARTIFACT, f"workers={r.workers}; run={r.run}", "predicted / measured speed-up",
+        ARTIFACT, f"{where}workers={r.workers}; run={r.run}", "predicted / measured speed-up",
         r.predicted_speedup / r.measured_speedup, unit="x",
         note=f"measured {r.measured_speedup:.3f}x, predicted {r.predicted_speedup:.3f}x; "
              + note) for r in tested.itertuples()]
@@ -726,7 +768,7 @@ def validation_claims(rows: pd.DataFrame, queue: pd.DataFrame | None, *, mode: s
                            f"{r.predicted_speedup:.3f}x; emulated device queue "
                            "(validation.queue_experiment)") for r in qt.itertuples()]
     out.append(claims.claim_row(
-        ARTIFACT, "all runs", "max speed-up error",
+        ARTIFACT, f"{where}all runs", "max speed-up error",
         100 * tested.speedup_error.abs().max() if len(tested) else None, unit="%",
         claim=f"the timing model predicts the measured speed-ups over synchronous SGD within "
               f"{100 * tolerance:g} %", verdict=speedup_verdict(rows, tolerance), note=note))

@@ -1,5 +1,8 @@
-"""``localsgd bench cluster``: Figure 1 of Lin et al. (2020) measured on the emulated cluster.
+"""``localsgd bench cluster``: measurements on the emulated cluster (root), committed for the
+notebooks that read them: ``--figure fig01`` (Figure 1 of Lin et al. 2020) and ``--figure
+timing`` (the timing model against the runner, as `timing_validation` does on loopback).
 
+**fig01.**
 The figure times an MPI all-reduce of 100 MB as cores are added (10 Gbps, 48 cores per
 machine). Here one gloo all-reduce of ``--mb`` MB (default the figure's 100) is timed on
 ``localsgd.netcluster`` nodes whose links are capped at ``--rate-mbit``, for each nodes ×
@@ -25,6 +28,25 @@ from localsgd import netcluster
 from localsgd.paper.bench.common import machine
 
 LAYOUTS = "1x2,2x1,2x2,4x1,4x2,8x1"  # nodes x processes per node
+# the timing check: timing_validation's quick grid (8 and 16 processes in nodes of 4, 32
+# updates of emulated compute and stalls), every launch on the emulated cluster
+TIMING = {"workers": [8, 16], "procs_per_node": 4, "local_steps": (2, 4, 8),
+          "hierarchical": ((2, 4),), "steps": 32, "compute_ms": 50.0,
+          "straggler_seconds": 0.3, "straggler_rate": 0.02, "repeats": 1, "seed": 0}
+
+
+def measure_timing(rate_mbit: float, out: Path, workers: list[int] | None = None) -> dict:
+    """timing_validation's grid on the emulated cluster: ``out``.rows.csv (one row per run)
+    and ``out``.launches.csv (per launch: calibration, link, command)."""
+    from localsgd.paper.experiments import timing_validation as validation
+
+    kw = {**TIMING, **({"workers": workers} if workers else {})}
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, launches = validation.validate(kw.pop("workers"), Path(tmp), **kw,
+                                             cluster_rate_mbit=rate_mbit)
+    rows.to_csv(out.with_suffix(".rows.csv"), index=False)
+    launches.to_csv(out.with_suffix(".launches.csv"), index=False)
+    return {"grid": {k: v for k, v in TIMING.items()}, "rows": len(rows)}
 
 
 def measure(layouts: list[tuple[int, int]], rate_mbit: float, mb: float, repeats: int,
@@ -54,12 +76,20 @@ def measure(layouts: list[tuple[int, int]], rate_mbit: float, mb: float, repeats
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="localsgd bench cluster", description=__doc__.split("\n")[0])
+    p.add_argument("--figure", choices=("fig01", "timing"), default="fig01")
+    p.add_argument("--workers", type=int, nargs="+", default=None,
+                   help="timing: the world sizes (default 8 16)")
     p.add_argument("--layouts", default=LAYOUTS, help=f"nodes x processes (default {LAYOUTS})")
     p.add_argument("--rate-mbit", type=float, default=100.0)
     p.add_argument("--mb", type=float, default=100.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("figures/cluster/fig01_allreduce.csv"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="default figures/cluster/fig01_allreduce.csv, or for timing "
+                        "figures/cluster/timing_validation (.rows.csv, .launches.csv)")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = Path("figures/cluster") / ("fig01_allreduce.csv" if args.figure == "fig01"
+                                              else "timing_validation")
     try:
         layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
         if any(len(t) != 2 for t in layouts):
@@ -72,18 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         netcluster.require_net_admin()
         load0 = os.getloadavg()[0]
-        frame, prov = measure(layouts, args.rate_mbit, args.mb, args.repeats)
-    except netcluster.ClusterError as err:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        if args.figure == "timing":
+            prov = measure_timing(args.rate_mbit, args.out, args.workers)
+        else:
+            frame, prov = measure(layouts, args.rate_mbit, args.mb, args.repeats)
+            frame.to_csv(args.out, index=False)
+    except (netcluster.ClusterError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(args.out, index=False)
     prov.update({"command": "localsgd bench cluster " + " ".join(argv or sys.argv[1:]),
                  "started_utc": start.isoformat(timespec="seconds"),
                  "load_avg_1min_before": load0, "machine": machine(),
                  "delay": "none emulated (no netem in this kernel)"})
     args.out.with_suffix(".json").write_text(json.dumps(prov, indent=1, default=str) + "\n")
-    print(f"wrote {args.out} ({len(frame)} rows) and its .json")
+    print(f"wrote {args.out} and its .json")
     return 0
 
 
