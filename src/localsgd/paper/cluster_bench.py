@@ -35,6 +35,47 @@ TIMING = {"workers": [8, 16], "procs_per_node": 4, "local_steps": (2, 4, 8),
           "straggler_seconds": 0.3, "straggler_rate": 0.02, "repeats": 1, "seed": 0}
 
 
+# the blog's "stragglers inflate all-reduce": synchronous SGD (DDP's gradient all-reduce every
+# update) on 2 nodes x 2 over 100 Mbit/s, 50 ms of emulated compute, with and without one
+# persistent straggler (rank 3, +0.2 s before every backward), 3 interleaved repeats
+STRAGGLERS = {"nodes": 2, "procs_per_node": 2, "steps": 24, "compute_ms": 50.0,
+              "straggler_seconds": 0.2, "straggler_rank": 3, "repeats": 3}
+
+
+def measure_stragglers(rate_mbit: float, out: Path) -> dict:
+    """Per run and rank: the mean seconds an update spends in the gradient all-reduce
+    (waiting for the group's last member + communicating) over the measured window;
+    ``out``.csv."""
+    from localsgd.paper.experiments import timing_validation as validation
+
+    g = STRAGGLERS
+    entries = []
+    for r in range(g["repeats"]):
+        entries += [{"name": f"clean_r{r}", "seed": r, **validation.SYNC_RUN,
+                     "straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []},
+                    {"name": f"straggler_r{r}", "seed": r, **validation.SYNC_RUN,
+                     "straggler_seconds": g["straggler_seconds"], "straggler_rate": 0.0,
+                     "straggler_ranks": [g["straggler_rank"]]}]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        info = validation.launch(entries, g["nodes"] * g["procs_per_node"], Path(tmp),
+                                 steps=g["steps"], compute_ms=g["compute_ms"],
+                                 straggler_seconds=0.0, straggler_rate=0.0,
+                                 cluster_rate_mbit=rate_mbit, procs_per_node=g["procs_per_node"])
+        for e in entries:
+            t = pd.read_csv(Path(tmp) / "runs" / e["name"] / "timing.csv")
+            t = t[t.step > info["warm"]]
+            for rank, part in t.groupby("rank"):
+                rows.append({"run": e["name"].split("_r")[0], "repeat": e["seed"],
+                             "rank": int(rank), "straggler": rank in e["straggler_ranks"],
+                             "wait_s": part.wait_grad_s.mean(), "comm_s": part.comm_grad_s.mean(),
+                             "allreduce_s": (part.wait_grad_s + part.comm_grad_s).mean(),
+                             "step_s": part.wall_s.mean(), "steps": len(part),
+                             "link_mbit": sum(info["measured_rate_mbit"].values()) / 2})
+    pd.DataFrame(rows).to_csv(out, index=False)
+    return {"grid": g, "command": info["command"], "warm": info["warm"]}
+
+
 def measure_timing(rate_mbit: float, out: Path, workers: list[int] | None = None) -> dict:
     """timing_validation's grid on the emulated cluster: ``out``.rows.csv (one row per run)
     and ``out``.launches.csv (per launch: calibration, link, command)."""
@@ -76,7 +117,7 @@ def measure(layouts: list[tuple[int, int]], rate_mbit: float, mb: float, repeats
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="localsgd bench cluster", description=__doc__.split("\n")[0])
-    p.add_argument("--figure", choices=("fig01", "timing"), default="fig01")
+    p.add_argument("--figure", choices=("fig01", "timing", "stragglers"), default="fig01")
     p.add_argument("--workers", type=int, nargs="+", default=None,
                    help="timing: the world sizes (default 8 16)")
     p.add_argument("--layouts", default=LAYOUTS, help=f"nodes x processes (default {LAYOUTS})")
@@ -88,8 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                         "figures/cluster/timing_validation (.rows.csv, .launches.csv)")
     args = p.parse_args(argv)
     if args.out is None:
-        args.out = Path("figures/cluster") / ("fig01_allreduce.csv" if args.figure == "fig01"
-                                              else "timing_validation")
+        args.out = Path("figures/cluster") / {"fig01": "fig01_allreduce.csv",
+                                              "timing": "timing_validation",
+                                              "stragglers": "blog_stragglers.csv"}[args.figure]
     try:
         layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
         if any(len(t) != 2 for t in layouts):
@@ -105,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if args.figure == "timing":
             prov = measure_timing(args.rate_mbit, args.out, args.workers)
+        elif args.figure == "stragglers":
+            prov = measure_stragglers(args.rate_mbit, args.out)
         else:
             frame, prov = measure(layouts, args.rate_mbit, args.mb, args.repeats)
             frame.to_csv(args.out, index=False)

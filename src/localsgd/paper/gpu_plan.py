@@ -318,6 +318,7 @@ _GRIDS = {nb: _Grid(module) for nb, module in {
 NO_GPU = {
     "appB_comm_cost": "communication-cost formulas (no training)",
     "blog_hsgd_stragglers": "timing-model prediction on the CPU",
+    "blog_stragglers_cluster": "measured on the emulated cluster (CPU processes, namespaces)",
     "explore_stragglers": "timing-model prediction on the CPU",
     "fig01_allreduce": "measured on the emulated cluster (CPU processes, namespaces)",
     "fig04_convex_time": "convex problem on the CPU",

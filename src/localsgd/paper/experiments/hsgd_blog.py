@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from localsgd.paper.experiments import claims
 from localsgd.paper.experiments.claims import (
     claim_row,
     combine,
@@ -24,7 +25,8 @@ from localsgd.timing.scheme import Scheme
 from localsgd.timing.simulate import simulate
 from localsgd.timing.stragglers import Stragglers
 
-__all__ = ["BLOG_HSGD", "BLOG_LOCAL", "BLOG_RANGES", "blog_claims", "blog_figure", "blog_runs",
+__all__ = ["BLOG_HSGD", "BLOG_LOCAL", "BLOG_RANGES", "MUCH_LONGER", "STRAGGLERS_CLAIM",
+           "blog_claims", "cluster_straggler_rows", "cluster_straggler_table", "blog_figure", "blog_runs",
            "blog_schemes", "blog_summary", "break_even_pct", "implied_sync_steps",
            "limitation_cases", "limitation_lines", "model_variants", "simulate_blog",
            "simulate_seeds", "stall_sweep", "variant_gaps", "variant_ranges"]
@@ -398,3 +400,52 @@ def blog_figure(data: pd.DataFrame, p: Any):
                  f"{p.model_mb:g} MB, {p.step_ms:g} ms/step, {p.gpus_per_node} GPUs/node, "
                  f"{p.inter_gbps:g} Gbit/s]")
     return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# "The Appearance of Stragglers", measured on the emulated cluster (blog_stragglers_cluster)
+# ----------------------------------------------------------------------------------------------
+STRAGGLERS_CLAIM = ("with stragglers, non-straggling processes spend much longer in all-reduce "
+                    "waiting for them")
+MUCH_LONGER = 2.0  # "much longer": at least twice the straggler-free all-reduce (our reading)
+
+
+def cluster_straggler_table(measured: pd.DataFrame) -> pd.DataFrame:
+    """Per repeat and run (``clean``, ``straggler``): the non-straggling processes' mean
+    seconds per update in the gradient all-reduce (waiting + communicating), and the
+    straggler's, from ``localsgd bench cluster --figure stragglers``'s rows."""
+    need = {"run", "repeat", "rank", "straggler", "wait_s", "comm_s", "allreduce_s"}
+    missing = sorted(need - set(measured))
+    if missing:
+        raise ValueError(f"the straggler measurements lack columns {missing}: re-run "
+                         "`localsgd bench cluster --figure stragglers` (as root)")
+    straggling = measured.straggler.astype(str).str.lower() == "true"
+    out = (measured.assign(who=np.where(straggling, "straggler", "others"))
+           .groupby(["repeat", "run", "who"], as_index=False)[["wait_s", "comm_s", "allreduce_s"]]
+           .mean())
+    return out
+
+
+def cluster_straggler_rows(measured: pd.DataFrame, *, stall_s: float) -> list[dict]:
+    """The claim's row: per repeat, the non-stragglers' all-reduce time with one persistent
+    straggler over their time without it, by the verdict rule against `MUCH_LONGER`."""
+    tab = cluster_straggler_table(measured)
+    others = tab[tab.who == "others"].pivot(index="repeat", columns="run", values="allreduce_s")
+    if not {"clean", "straggler"} <= set(others.columns):
+        return []
+    ratios = (others["straggler"] / others["clean"]).dropna().tolist()
+    straggler_wait = float(tab[(tab.who == "straggler")].wait_s.mean())
+    link = float(measured["link_mbit"].iloc[0]) if "link_mbit" in measured else float("nan")
+    v = claims.verdict(ratios, MUCH_LONGER, unit="x", over="repeats",
+                       what="non-stragglers' all-reduce time with / without a straggler",
+                       origin=claims.ours("'much longer' read as at least twice the "
+                                          "straggler-free all-reduce time"))
+    return [claims.claim_row(
+        "The Appearance of Stragglers", f"sync SGD, 2 nodes x 2, {link:.0f} Mbit/s, one "
+        f"persistent straggler +{stall_s:g} s", "all-reduce time ratio",
+        float(np.mean(ratios)) if ratios else None, unit="x", claim=STRAGGLERS_CLAIM,
+        verdict=v, note="emulated cluster: DDP's gradient all-reduce over gloo, 50 ms emulated "
+                        "compute, waiting and communication split from each worker's stamps; "
+                        f"the straggler itself waits {straggler_wait:.3g} s an update, the others "
+                        "wait out its stall, so the ratio is (all-reduce + stall) / all-reduce: "
+                        "the stall was fixed before the runs, not tuned to the threshold")]

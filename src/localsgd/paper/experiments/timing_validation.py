@@ -71,7 +71,7 @@ from localsgd.timing.stragglers import Stragglers, stall_draws
 from localsgd.training.config import TrainConfig
 from localsgd.training.runner_args import SWEEP_OPTIONS
 
-__all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "Calibration", "calibrate", "check_worker_counts",
+__all__ = ["BASE", "CALIB", "CALIB_SYNC", "SYNC", "SYNC_RUN", "Calibration", "calibrate", "check_worker_counts",
            "grid", "launch", "measure", "median_table", "own_work", "predict", "predict_random",
            "queue_verdict", "run_queue_test", "speedup_verdict", "tested_runs", "validate",
            "validation_claims"]
@@ -89,6 +89,7 @@ SYNC = "sync"
 
 _NO_STALLS = {"straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []}
 _SYNC = {"local_steps": 1, "post_local_warmup_epochs": BASE["epochs"]}
+SYNC_RUN = _SYNC  # a sweep entry's synchronous SGD (DDP's gradient all-reduce every update)
 
 
 def grid(procs_per_node: int, local_steps=(2, 4, 8), hierarchical=((2, 4),),
