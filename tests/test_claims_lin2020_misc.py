@@ -237,12 +237,22 @@ def test_appB_rows_follow_eq6_and_join():
     table3 = lin2020.appB_table3(["8x2", "2x8"])
     assert sorted(table3.H.unique()) == [1, 2, 4, 8, 16]
     rows = lin2020.appB_rows(table3)
-    assert len(rows) == 10
-    for r in rows:
+    counts, claim = rows[:-1], rows[-1]
+    assert len(counts) == 10
+    for r in counts:
         _, hb = (int(p.split("=")[1]) for p in r["setting"].split("; "))
         expected = hb - 1 if "within" in r["metric"] else 1  # eq. (6) over H*Hb = 16 updates
         assert r["value"] == expected, r
-    assert {tuple(r[k] for k in KEY) for r in rows} <= reported_keys()
+    assert {tuple(r[k] for k in KEY) for r in counts} <= reported_keys()
+    # the count's claim, over both topologies' 10 cells: held, exactly
+    assert claim["claim"] == lin2020.table03.SYNC_COUNTS_CLAIM and claim["value"] == 10
+    assert claim["verdict"].startswith("held: ") and "10 cells (2 topologies)" in claim["verdict"]
+    # planted: one cell counted wrong does not hold, and is named
+    bad = table3.copy()
+    bad.loc[(bad.topology == "2x8") & (bad.H == 4), "global"] = 2
+    planted = lin2020.appB_rows(bad)[-1]
+    assert planted["verdict"].startswith("did not hold") and "2x8 H=4, H^b=4" in \
+        planted["verdict"]
 
 
 def test_result_rows_join_reported_keys():

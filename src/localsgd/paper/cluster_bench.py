@@ -1,6 +1,8 @@
 """``localsgd bench cluster``: measurements on the emulated cluster (root), committed for the
 notebooks that read them: ``--figure fig01`` (Figure 1 of Lin et al. 2020) and ``--figure
-timing`` (the timing model against the runner, as `timing_validation` does on loopback).
+timing`` (the timing model against the runner, as `timing_validation` does on loopback),
+``--figure stragglers`` (the blog's waiting non-stragglers) and ``--figure hierarchy`` (§4.3's
+hierarchical against flat averaging as nodes are added).
 
 **fig01.**
 The figure times an MPI all-reduce of 100 MB as cores are added (10 Gbps, 48 cores per
@@ -76,6 +78,44 @@ def measure_stragglers(rate_mbit: float, out: Path) -> dict:
     return {"grid": g, "command": info["command"], "warm": info["warm"]}
 
 
+# §4.3's "synchronising inside nodes first ... the gain grows with cluster size": flat local SGD
+# (the world averages every H = 2 updates) against hierarchical (nodes every 2, the world every
+# 2 x 4), no stragglers, nodes of 2 processes over 100 Mbit/s, 2 / 4 / 8 nodes, 3 repeats
+HIERARCHY = {"nodes": [2, 4, 8], "procs_per_node": 2, "steps": 32, "compute_ms": 50.0,
+             "H": 2, "Hb": 4, "repeats": 3}
+
+
+def measure_hierarchy(rate_mbit: float, out: Path) -> dict:
+    """Per node count, run and repeat: seconds per update over the measured window (the
+    slowest worker's), for flat and hierarchical local SGD; ``out``.csv."""
+    from localsgd.paper.experiments import timing_validation as validation
+
+    g = HIERARCHY
+    rows, commands = [], []
+    for nodes in g["nodes"]:
+        entries = []
+        for r in range(g["repeats"]):
+            none = {"straggler_seconds": 0.0, "straggler_rate": 0.0, "straggler_ranks": []}
+            entries += [{"name": f"flat_r{r}", "seed": r, "local_steps": g["H"], **none},
+                        {"name": f"hier_r{r}", "seed": r, "local_steps": g["H"],
+                         "block_size": g["procs_per_node"], "block_steps": g["Hb"], **none}]
+        with tempfile.TemporaryDirectory() as tmp:
+            info = validation.launch(entries, nodes * g["procs_per_node"], Path(tmp),
+                                     steps=g["steps"], compute_ms=g["compute_ms"],
+                                     straggler_seconds=0.0, straggler_rate=0.0,
+                                     cluster_rate_mbit=rate_mbit,
+                                     procs_per_node=g["procs_per_node"])
+            commands.append(info["command"])
+            for e in entries:
+                m = validation.measure(Path(tmp) / "runs" / e["name"], info["warm"])
+                rows.append({"nodes": nodes, "processes": nodes * g["procs_per_node"],
+                             "run": e["name"].split("_r")[0], "repeat": e["seed"],
+                             "seconds_per_update": m["seconds"] / m["steps"],
+                             "link_mbit": sum(info["measured_rate_mbit"].values()) / 2})
+    pd.DataFrame(rows).to_csv(out, index=False)
+    return {"grid": g, "commands": commands}
+
+
 def measure_timing(rate_mbit: float, out: Path, workers: list[int] | None = None) -> dict:
     """timing_validation's grid on the emulated cluster: ``out``.rows.csv (one row per run)
     and ``out``.launches.csv (per launch: calibration, link, command)."""
@@ -117,7 +157,7 @@ def measure(layouts: list[tuple[int, int]], rate_mbit: float, mb: float, repeats
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="localsgd bench cluster", description=__doc__.split("\n")[0])
-    p.add_argument("--figure", choices=("fig01", "timing", "stragglers"), default="fig01")
+    p.add_argument("--figure", choices=("fig01", "timing", "stragglers", "hierarchy"), default="fig01")
     p.add_argument("--workers", type=int, nargs="+", default=None,
                    help="timing: the world sizes (default 8 16)")
     p.add_argument("--layouts", default=LAYOUTS, help=f"nodes x processes (default {LAYOUTS})")
@@ -131,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         args.out = Path("figures/cluster") / {"fig01": "fig01_allreduce.csv",
                                               "timing": "timing_validation",
-                                              "stragglers": "blog_stragglers.csv"}[args.figure]
+                                              "stragglers": "blog_stragglers.csv",
+                                              "hierarchy": "sec43_hierarchy.csv"}[args.figure]
     try:
         layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
         if any(len(t) != 2 for t in layouts):
@@ -149,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             prov = measure_timing(args.rate_mbit, args.out, args.workers)
         elif args.figure == "stragglers":
             prov = measure_stragglers(args.rate_mbit, args.out)
+        elif args.figure == "hierarchy":
+            prov = measure_hierarchy(args.rate_mbit, args.out)
         else:
             frame, prov = measure(layouts, args.rate_mbit, args.mb, args.repeats)
             frame.to_csv(args.out, index=False)

@@ -48,6 +48,7 @@ _STUDY = "a one-off variant study described in the text, not a figure's result"
 NOT_RESULTS: dict[tuple[str, str], str] = {
     ("papers/lin2020_local_sgd/notes.md", "1.57"): _STUDY + " (three 3-seed groups)",
     ("papers/lin2020_local_sgd/notes.md", "1.69"): _STUDY + " (three 3-seed groups)",
+    ("papers/lin2020_local_sgd/notes.md", "1.66"): _STUDY + " (the variants' step ratios)",
     ("papers/lin2020_local_sgd/notes.md", "3.75"): _STUDY + " (sampling without replacement)",
     ("papers/lin2020_local_sgd/notes.md", "1.02"): "DenseNet's count with a 16-channel stem",
     ("papers/lin2020_local_sgd/notes.md", "1.64"): "arithmetic on the source's Table 5 times",

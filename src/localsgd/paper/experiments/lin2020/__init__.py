@@ -17,6 +17,7 @@ hand-made records.
 * `fig08`: Figure 8 (§4.2.2), ResNet-50 on ImageNet: runs, torchrun commands, claim.
 * `fig09`: Figure 9 (§4.3), hierarchical local SGD under delays: grid and claim.
 * `fig10`: Figure 10 (App. F.2.2), CIFAR-100: grid and claim.
+* `sec43`: §4.3's hierarchical against flat averaging as nodes are added (emulated cluster).
 * `table01`: Table 1 (§4.2.1, App. C), large batches with and without the tricks.
 * `table02`: Table 2 (§4.3), training time over H: fitted cost model, stragglers, claim.
 * `table03`: Table 3 (§4.3, App. B), topologies at H·H^b = 16: grid and claim; its
@@ -38,6 +39,7 @@ from localsgd.paper.experiments.lin2020 import (
     fig08,
     fig09,
     fig10,
+    sec43,
     table01,
     table02,
     table03,

@@ -1,0 +1,58 @@
+"""§4.3 of Lin et al. (2020): synchronising inside nodes first makes synchronisation over a
+heterogeneous cluster easier, and the gain grows with the cluster. Measured on the emulated
+cluster (`localsgd.netcluster`; ``localsgd bench cluster --figure hierarchy``): flat local SGD
+(the world averages every H = 2 updates) against hierarchical local SGD (nodes every 2, the
+world every H · H^b = 8), nodes of 2 processes with a free loopback inside and a capped link
+between them, 2, 4 and 8 nodes. The gain is flat's seconds per update over hierarchical's; the
+claim is judged on its growth, the gain on the most nodes over the gain on 2, per repeat."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from localsgd.paper.experiments.claims import claim_row, ours, verdict
+
+CLAIM = ("synchronising inside nodes first makes synchronisation over a heterogeneous cluster "
+         "easier, and the gain grows with cluster size")
+
+
+def table(measured: pd.DataFrame) -> pd.DataFrame:
+    """Per node count and repeat: flat's and hierarchical's seconds per update and the gain."""
+    need = {"nodes", "run", "repeat", "seconds_per_update"}
+    missing = sorted(need - set(measured))
+    if missing:
+        raise ValueError(f"§4.3's measurements lack columns {missing}: re-run `localsgd bench "
+                         "cluster --figure hierarchy` (as root)")
+    wide = measured.pivot_table(index=["nodes", "repeat"], columns="run",
+                                values="seconds_per_update").reset_index()
+    if not {"flat", "hier"} <= set(wide.columns):
+        raise ValueError("§4.3's measurements need both runs, flat and hier")
+    return wide.assign(gain=wide["flat"] / wide["hier"])
+
+
+def rows(measured: pd.DataFrame) -> list[dict]:
+    """One value row per node count (the mean gain) and the claim's row on the growth."""
+    tab = table(measured)
+    link = float(measured["link_mbit"].iloc[0]) if "link_mbit" in measured else float("nan")
+    out = [claim_row("Section 4.3", f"{n} nodes x 2, {link:.0f} Mbit/s", "flat / hierarchical "
+                     "time per update", float(g.gain.mean()), unit="x",
+                     note="emulated cluster: H = 2 flat vs H = 2, H^b = 4; 50 ms emulated compute")
+           for n, g in tab.groupby("nodes")]
+    nodes = sorted(tab.nodes.unique())
+    if len(nodes) < 2:
+        return out
+    small = tab[tab.nodes == nodes[0]].set_index("repeat").gain
+    big = tab[tab.nodes == nodes[-1]].set_index("repeat").gain
+    growth = (big / small).dropna().tolist()
+    v = verdict(growth, 1.0, unit="x", over="repeats",
+                what=f"gain on {nodes[-1]} nodes / gain on {nodes[0]}",
+                origin=ours("'the gain grows': any growth, a ratio above 1"))
+    out.append(claim_row(
+        "Section 4.3", f"{nodes[-1]} vs {nodes[0]} nodes x 2, {link:.0f} Mbit/s",
+        "growth of the hierarchical gain", float(np.mean(growth)) if growth else None,
+        unit="x", claim=CLAIM, verdict=v,
+        note="emulated cluster: the gain is flat local SGD's (H = 2) seconds per update over "
+             "hierarchical's (H = 2, H^b = 4); heterogeneous = a free loopback inside a node, "
+             "a capped link between nodes; time only (no accuracy)"))
+    return out
