@@ -23,18 +23,26 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Self
 
-__all__ = ["ClusterError", "EmulatedCluster", "leftovers", "probe_rate", "require_net_admin",
-           "run_job", "sweep_stale", "PROCESS_MB"]
+__all__ = [
+    "PROCESS_MB",
+    "ClusterError",
+    "EmulatedCluster",
+    "leftovers",
+    "probe_rate",
+    "require_net_admin",
+    "run_job",
+    "sweep_stale",
+]
 
 PREFIX = "lsgd"
 _NAME = re.compile(rf"^{PREFIX}(\d+)(?:n\d+|v\d+|br)$")
@@ -50,7 +58,7 @@ class ClusterError(RuntimeError):
 
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if check and r.returncode != 0:
         raise ClusterError(f"`{' '.join(cmd)}` failed: {r.stderr.strip() or r.returncode}")
     return r
@@ -63,20 +71,20 @@ def require_net_admin() -> None:
         if shutil.which(tool) is None:
             raise ClusterError(f"the emulated cluster needs `{tool}` (iproute2) on the PATH")
     probe = f"{PREFIX}{os.getpid()}n99"
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise ClusterError("the emulated cluster needs root or CAP_NET_ADMIN to create network "
                            f"namespaces (`ip netns add` said: {r.stderr.strip()})")
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
 
 
 def _namespaces() -> list[str]:
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
     return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 
 
 def _links() -> list[str]:
-    r = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
+    r = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False)
     return [line.split(":")[1].strip().split("@")[0] for line in r.stdout.splitlines()
             if line.count(":") >= 2]
 
@@ -112,15 +120,15 @@ def sweep_stale() -> list[str]:
 def _delete(name: str) -> None:
     if name in _namespaces():
         # a namespace outlives its name while a process runs in it: stop those first
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
         for pid in pids.stdout.split():
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
     else:
-        subprocess.run(["ip", "link", "del", name], capture_output=True)
+        subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
 def _tbf(dev: str, rate_mbit: float, ns: str | None = None) -> None:
@@ -174,7 +182,7 @@ class EmulatedCluster:
     def bridge(self) -> str:
         return f"{PREFIX}{self.tag}br"
 
-    def up(self) -> "EmulatedCluster":
+    def up(self) -> Self:
         require_net_admin()
         sweep_stale()
         try:
@@ -220,7 +228,7 @@ class EmulatedCluster:
                                 env={**os.environ, **(env or {})}, start_new_session=True,
                                 **kwargs)
 
-    def __enter__(self) -> "EmulatedCluster":
+    def __enter__(self) -> Self:
         return self.up()
 
     def __exit__(self, *exc) -> None:
@@ -260,7 +268,7 @@ def probe_rate(cluster: EmulatedCluster, src: int, dst: int, megabytes: float = 
             c.sendall(bytes({int(megabytes * 2**20)})); c.close()
         """)
         r = subprocess.run(["ip", "netns", "exec", cluster.ns(src), sys.executable, "-c", send],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=600, check=False)
         if r.returncode != 0:
             raise ClusterError(f"the rate probe from node {src} failed: {r.stderr.strip()}")
         out, _ = recv.communicate(timeout=60)

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --layouts {args.layouts!r}: comma-separated NODESxPROCS, e.g. 2x1,4x2",
               file=sys.stderr)
         return 2
-    start = datetime.datetime.now(datetime.timezone.utc)
+    start = datetime.datetime.now(datetime.UTC)
     try:
         netcluster.require_net_admin()
         load0 = os.getloadavg()[0]

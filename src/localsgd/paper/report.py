@@ -48,12 +48,14 @@ LONG_DIR = "long"
 LONG_LABEL = ledger_mod.PROXY_SCALES[LONG_DIR]
 # each proxy's folder, label and the one line its section opens with
 PROXIES = {
-    CONVERGED_DIR: (CONVERGED_LABEL, "a small model trained for a fraction of the source's "
-                    "epochs on a CPU with its protocol (full training set, warm-up, step "
-                    "decays, three seeds; model width and epochs in each row's note)"),
-    LONG_DIR: (LONG_LABEL, "the source's epochs, schedule and update counts on a CPU, on a "
-               "class-balanced eighth of CIFAR-10 at 16x16 with every batch an eighth, "
-               "ResNet-20 at a quarter width, three seeds (docs/pilot/long_proxy.md)"),
+    CONVERGED_DIR: (CONVERGED_LABEL, ("a small model trained for a fraction of the source's "
+                                      "epochs on a CPU with its protocol (full training set, "
+                                      "warm-up, step decays, three seeds; model width and "
+                                      "epochs in each row's note)")),
+    LONG_DIR: (LONG_LABEL, ("the source's epochs, schedule and update counts on a CPU, on a "
+                            "class-balanced eighth of CIFAR-10 at 16x16 with every batch an "
+                            "eighth, ResNet-20 at a quarter width, three seeds "
+                            "(docs/pilot/long_proxy.md)")),
 }
 DEFAULT_REL_TOL = 0.05  # |ours / source − 1| up to which a full-scale number is reproduced
 SIG_FIGS = 4  # numbers in the report and the README table
@@ -423,7 +425,8 @@ def own_claims(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     """Compare rows with a claim and verdict that match no source's number (keyed by artifact,
     setting, metric) nor a ledger claim: the project's own checks, at every scale they ran
     (``figures/`` and converged mode's ``figures/converged/``)."""
-    cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "mode", "scale"]
+    cols = ["artifact", "setting", "metric", "claim", "verdict", "value", "unit", "mode",
+            "scale"]
     # the proxies' own artifacts too (a source's artifact there is `proxy_claims`')
     sourced = set(load_reported(papers_dir)["artifact"])
     proxies = [p[~p["artifact"].isin(sourced)] for p in
@@ -500,7 +503,7 @@ def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
     for _, c in led[led["scale"] != ""].iterrows():
         rows.append({"claim": f"{_label(c['source'], c['artifact'])}: {_short(plain(c['claim']))}",
                      "the paper's value": c["paper_value"] or "—", "ours": c["ours"] or "—",
-                     "scale": c["scale"], "verdict": c["outcome"]})
+                     "scale": SCALE_WORDS.get(c["scale"], c["scale"]), "verdict": c["outcome"]})
     for source, part in table.groupby("source", sort=False):
         for artifact, group in part.groupby("artifact", sort=False):
             done = group[group["status"].isin([STATUS_FULL, STATUS_DIFFERS])
@@ -529,9 +532,12 @@ def results_table(papers_dir: Path, figures_dir: Path) -> pd.DataFrame:
                          f"papers/{source}/notes.md)"})
     for _, c in own_claims(papers_dir, figures_dir).iterrows():
         ours = fmt_number(pd.to_numeric(c["ours"], errors="coerce"), 3)
+        unit = c["unit"] if isinstance(c.get("unit"), str) and c["unit"] else ""
+        unit = unit or ("%" if "error" in str(c["metric"]) else "")
         rows.append({"claim": f"{OWN_LABEL}, {c['artifact']}: {_short(plain(c['claim']))}",
                      "the paper's value": "—",
-                     "ours": f"{ours} %" if "error" in str(c["metric"]) else ours,
+                     # like beside like: the unit the row was measured in, as the ledger's rows
+                     "ours": f"{ours} {unit}" if unit and ours else ours,
                      "scale": _scale_label(c), "verdict": short_verdict(c["verdict"])})
     out = pd.DataFrame(rows, columns=["claim", "the paper's value", "ours", "scale", "verdict"])
     # the README defines its scales once (full, paper configuration, converged proxy, quick)
@@ -546,6 +552,8 @@ _RANK = {o: i for i, o in enumerate(("held", "did not hold", "model disagrees wi
 VERDICT_SCALES = {"full": "Full scale", "converged proxy": "Converged proxy",
                   LONG_LABEL: "Long proxy", ledger_mod.CLUSTER: "Emulated cluster",
                   "reduced": "Quick mode", "model": "Timing model"}
+# a ledger scale as the README's claims table words it (the others are their own words)
+SCALE_WORDS = {ledger_mod.CLUSTER: ledger_mod.CLUSTER_LABEL}
 # lines shown only once their scale has judged a claim
 OPTIONAL_SCALES = (LONG_LABEL, ledger_mod.CLUSTER)
 

@@ -25,11 +25,30 @@ from localsgd.timing.scheme import Scheme
 from localsgd.timing.simulate import simulate
 from localsgd.timing.stragglers import Stragglers
 
-__all__ = ["BLOG_HSGD", "BLOG_LOCAL", "BLOG_RANGES", "MUCH_LONGER", "STRAGGLERS_CLAIM",
-           "blog_claims", "cluster_straggler_rows", "cluster_straggler_table", "blog_figure", "blog_runs",
-           "blog_schemes", "blog_summary", "break_even_pct", "implied_sync_steps",
-           "limitation_cases", "limitation_lines", "model_variants", "simulate_blog",
-           "simulate_seeds", "stall_sweep", "variant_gaps", "variant_ranges"]
+__all__ = [
+    "BLOG_HSGD",
+    "BLOG_LOCAL",
+    "BLOG_RANGES",
+    "MUCH_LONGER",
+    "STRAGGLERS_CLAIM",
+    "blog_claims",
+    "blog_figure",
+    "blog_runs",
+    "blog_schemes",
+    "blog_summary",
+    "break_even_pct",
+    "cluster_straggler_rows",
+    "cluster_straggler_table",
+    "implied_sync_steps",
+    "limitation_cases",
+    "limitation_lines",
+    "model_variants",
+    "simulate_blog",
+    "simulate_seeds",
+    "stall_sweep",
+    "variant_gaps",
+    "variant_ranges",
+]
 
 BLOG_LOCAL = ("local:2", "local:4", "local:8")
 BLOG_HSGD = {  # "HSGD p1-g1,p2-g2,..." configurations per GPU count, as the blog names them

@@ -167,5 +167,4 @@ def appB_rows(table3: pd.DataFrame) -> list[dict]:
     return rows
 
 
-SYNC_COUNTS_CLAIM = ("per 16 updates every (H, H^b) with H * H^b = 16 makes one global average "
-                     "and H^b - 1 averages inside nodes")
+SYNC_COUNTS_CLAIM = "per 16 updates each H x H^b = 16 makes 1 global average and H^b - 1 within nodes"
