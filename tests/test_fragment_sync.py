@@ -273,7 +273,14 @@ def test_a_delayed_average_travels_while_the_workers_compute():
 
     from localsgd.distributed import spawn
 
-    waits = {tau: max(median(w) for w in spawn(_overlap_worker, 2, tau)) for tau in (0, 1)}
+    def measure() -> dict[int, float]:
+        return {tau: max(median(w) for w in spawn(_overlap_worker, 2, tau)) for tau in (0, 1)}
+
+    waits = measure()
+    if not waits[1] < 0.25 * waits[0]:
+        # measured once more: a test beside this one under xdist (the emulated cluster's 8
+        # processes) can starve gloo's thread of the CPU it needs to move the bytes meanwhile
+        waits = measure()
     assert waits[0] > 2e-3, waits  # the all-reduce of 34 MB takes milliseconds on loopback
     assert waits[1] < 0.25 * waits[0], waits
 

@@ -67,11 +67,41 @@ def test_without_net_admin_says_so(monkeypatch):
         return real(cmd, *a, **k)
 
     monkeypatch.setattr(netcluster.subprocess, "run", refuse)
+    monkeypatch.setattr(netcluster.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
     with pytest.raises(ClusterError, match="needs root or CAP_NET_ADMIN"):
         netcluster.require_net_admin()
 
 
+def test_bad_probe_and_missing_iproute2_are_one_line(monkeypatch):
+    with pytest.raises(ClusterError, match=r"probe_mb=0: the rate probe needs > 0 MB"):
+        netcluster.run_job(2, 1, 100, ["-m", "x"], probe_mb=0)
+    # no `ip` at all: the one line, and the teardown's look-ups find nothing instead of raising
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ClusterError, match="needs `ip` \\(iproute2\\) on the PATH"):
+        netcluster.run_job(2, 1, 100, ["-m", "x"])
+    assert leftovers() == []
+
+
 @needs_netns
+def test_a_cluster_failing_midway_through_up_leaves_nothing(monkeypatch):
+    real, calls = netcluster._tbf, []
+
+    def fail_on_node_1(dev, rate, ns=None, mtu=1500):
+        calls.append(ns)
+        if ns is not None and ns.endswith("n1"):
+            raise ClusterError("planted: tc refused")
+        return real(dev, rate, ns=ns, mtu=mtu)
+
+    monkeypatch.setattr(netcluster, "_tbf", fail_on_node_1)
+    cluster = EmulatedCluster(3, 50.0)
+    with pytest.raises(ClusterError, match="planted"):
+        cluster.up()
+    assert leftovers(cluster.tag) == [] and calls
+
+
+@needs_netns
+@pytest.mark.skipif(netcluster.max_processes() < 8, reason="the machine's free memory holds "
+                    "fewer than 8 runner processes now")
 def test_hierarchical_job_on_four_nodes_over_100_mbit(tmp_path):
     """The issue's 'done when': hierarchical local SGD, 4 nodes x 2 processes, 100 Mbit/s
     links, every rank ends with the same model, the probe within 20 % of the asked rate."""
@@ -104,6 +134,8 @@ def _wait_for_nodes(proc: subprocess.Popen, nodes: int, seconds: float = 60.0) -
     """Until every node of ``proc``'s cluster runs its torchrun worker (a python child)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"the cluster exited early: {proc.stderr.read()[-2000:]}")
         names = [f"lsgd{proc.pid}n{i}" for i in range(nodes)]
         pids = [subprocess.run(["ip", "netns", "pids", n], capture_output=True,
                                text=True, check=False).stdout.split() for n in names]
@@ -127,7 +159,7 @@ def test_node_killed_mid_run_stops_the_others_and_leaves_nothing(tmp_path):
             os.kill(int(pid), signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        _end(proc)
     assert proc.returncode == 1
     assert "error: node 1 exited with signal 9 (SIGKILL); stopped the other nodes" in err
     assert leftovers(proc.pid) == []
@@ -146,9 +178,20 @@ def test_controller_stopped_tears_down(tmp_path, sig):
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
-        proc.kill()
+        _end(proc)
     assert proc.returncode == 1 and "interrupted: stopped every node" in err
     assert leftovers(proc.pid) == []
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Stop the controller the way that lets it tear down (SIGTERM), SIGKILL only after."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _running(pid: int) -> bool:
@@ -165,7 +208,11 @@ def test_controller_sigkilled_is_swept_by_the_next(tmp_path):
     proc = subprocess.Popen([*CLI, "--nodes", "2", "--procs-per-node", "1", "--rate-mbit", "50",
                              "--probe-mb", "1", "--", str(_sleeper(tmp_path))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _wait_for_nodes(proc, 2)
+    try:
+        _wait_for_nodes(proc, 2)
+    except BaseException:
+        _end(proc)
+        raise
     inside = [int(p) for i in range(2) for p in subprocess.run(
         ["ip", "netns", "pids", f"lsgd{proc.pid}n{i}"], capture_output=True,
         text=True, check=False).stdout.split()]

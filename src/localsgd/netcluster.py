@@ -56,11 +56,17 @@ class ClusterError(RuntimeError):
     """A cluster that cannot be built or a job that failed: one line for the user."""
 
 
+def _last_line(text: str, fallback: object) -> str:
+    """A child's stderr as one line for a `ClusterError` (its last line: the error itself)."""
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else str(fallback)
+
+
 def _ip(*args: str, ns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(args)
     r = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if check and r.returncode != 0:
-        raise ClusterError(f"`{' '.join(cmd)}` failed: {r.stderr.strip() or r.returncode}")
+        raise ClusterError(f"`{' '.join(cmd)}` failed: {_last_line(r.stderr, r.returncode)}")
     return r
 
 
@@ -74,17 +80,25 @@ def require_net_admin() -> None:
     r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, check=False)
     if r.returncode != 0:
         raise ClusterError("the emulated cluster needs root or CAP_NET_ADMIN to create network "
-                           f"namespaces (`ip netns add` said: {r.stderr.strip()})")
+                           f"namespaces (`ip netns add` said: "
+                           f"{_last_line(r.stderr, r.returncode)})")
     subprocess.run(["ip", "netns", "del", probe], capture_output=True, check=False)
 
 
 def _namespaces() -> list[str]:
-    r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    try:  # no iproute2: nothing of ours can exist (teardown must not raise over the real error)
+        r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    except OSError:
+        return []
     return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 
 
 def _links() -> list[str]:
-    r = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False)
+    try:
+        r = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
+                           check=False)
+    except OSError:
+        return []
     return [line.split(":")[1].strip().split("@")[0] for line in r.stdout.splitlines()
             if line.count(":") >= 2]
 
@@ -131,9 +145,10 @@ def _delete(name: str) -> None:
         subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
-def _tbf(dev: str, rate_mbit: float, ns: str | None = None) -> None:
-    # burst: at least one 250 Hz tick of bytes (tbf's floor) and 64 KB; the queue holds 100 ms
-    burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 250))
+def _tbf(dev: str, rate_mbit: float, ns: str | None = None, mtu: int = 1500) -> None:
+    # burst: at least one 250 Hz tick of bytes (tbf's floor), 64 KB, and one whole packet of the
+    # device (tbf drops a packet larger than its bucket: lo's are 65,536 bytes); queue 100 ms
+    burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 / 250), mtu + 64)
     _ip("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{rate_mbit}mbit",
         "burst", str(burst), "latency", "100ms", ns=ns)
 
@@ -204,7 +219,7 @@ class EmulatedCluster:
                 _tbf(veth, self.rate_mbit)  # the node's downlink (bridge -> node)
                 _tbf("eth0", self.rate_mbit, ns=ns)  # its uplink
                 if self.intra_rate_mbit is not None:
-                    _tbf("lo", self.intra_rate_mbit, ns=ns)
+                    _tbf("lo", self.intra_rate_mbit, ns=ns, mtu=65536)
         except BaseException:
             self.down()
             raise
@@ -257,6 +272,10 @@ def probe_rate(cluster: EmulatedCluster, src: int, dst: int, megabytes: float = 
     """Measured Mbit/s of one TCP stream of ``megabytes`` from node ``src`` to node ``dst``
     (timed at the receiver from the first byte to the last: the bucket's first burst, 64 KB,
     makes a 4 MB probe read at most about 1.6 % fast)."""
+    if not megabytes > 0:
+        raise ClusterError(f"probe_mb={megabytes!r}: the rate probe needs > 0 MB")
+    # the stream's own time at the asked rate, four times over, plus start-up
+    limit = 60.0 + 4 * megabytes * 2**20 * 8 / (cluster.rate_mbit * 1e6)
     recv = cluster.popen(dst, [sys.executable, "-c", _RECEIVER, cluster.address(dst), str(port)],
                          stdout=subprocess.PIPE, text=True)
     try:
@@ -267,13 +286,22 @@ def probe_rate(cluster: EmulatedCluster, src: int, dst: int, megabytes: float = 
             c = socket.create_connection(({cluster.address(dst)!r}, {port}), timeout=60)
             c.sendall(bytes({int(megabytes * 2**20)})); c.close()
         """)
-        r = subprocess.run(["ip", "netns", "exec", cluster.ns(src), sys.executable, "-c", send],
-                           capture_output=True, text=True, timeout=600, check=False)
-        if r.returncode != 0:
-            raise ClusterError(f"the rate probe from node {src} failed: {r.stderr.strip()}")
-        out, _ = recv.communicate(timeout=60)
-        n, seconds = out.split()
-        return float(n) * 8 / float(seconds) / 1e6
+        try:
+            r = subprocess.run(["ip", "netns", "exec", cluster.ns(src), sys.executable, "-c",
+                                send], capture_output=True, text=True, timeout=limit,
+                               check=False)
+            if r.returncode != 0:
+                raise ClusterError(f"the rate probe from node {src} failed: "
+                                   f"{_last_line(r.stderr, r.returncode)}")
+            out, _ = recv.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"the rate probe from node {src} to {dst} ran past {limit:.0f} s "
+                               f"({megabytes:g} MB at {cluster.rate_mbit:g} Mbit/s asked)") from None
+        try:
+            n, seconds = out.split()
+            return float(n) * 8 / float(seconds) / 1e6
+        except ValueError:
+            raise ClusterError(f"the rate probe's receiver on node {dst} read nothing") from None
     finally:
         if recv.poll() is None:
             recv.kill()
@@ -323,6 +351,8 @@ def run_job(nodes: int, procs_per_node: int, rate_mbit: float, command: Sequence
     if isinstance(procs_per_node, bool) or not isinstance(procs_per_node, int) or \
             procs_per_node < 1:
         raise ClusterError(f"procs_per_node={procs_per_node!r}: a positive integer")
+    if not (isinstance(probe_mb, (int, float)) and probe_mb > 0):
+        raise ClusterError(f"probe_mb={probe_mb!r}: the rate probe needs > 0 MB")
     cap = max_processes()
     if nodes * procs_per_node > cap:
         raise ClusterError(f"{nodes} nodes x {procs_per_node} processes = "
@@ -368,10 +398,18 @@ def run_job(nodes: int, procs_per_node: int, rate_mbit: float, command: Sequence
         record["interrupted"] = True
         raise ClusterError("interrupted: stopped every node and removed the cluster") from None
     finally:
-        _stop(procs)
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-        left = cluster.down()
+        # a second Ctrl-C or SIGTERM must not cut the teardown short: both wait until it is done
+        held = ({sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT,
+                                                                     signal.SIGTERM)}
+                if main_thread else {})
+        try:
+            _stop(procs)
+            left = cluster.down()
+        finally:
+            for sig, handler in held.items():
+                # SIGTERM's handler before this job, not the one it installed
+                restore = previous if sig == signal.SIGTERM else handler
+                signal.signal(sig, restore if restore is not None else signal.SIG_DFL)
         record["left_behind"] = left
         if out is not None:
             Path(out).mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """``localsgd bench cluster``: measurements on the emulated cluster (root), committed for the
 notebooks that read them: ``--figure fig01`` (Figure 1 of Lin et al. 2020) and ``--figure
 timing`` (the timing model against the runner, as `timing_validation` does on loopback),
-``--figure stragglers`` (the blog's waiting non-stragglers) and ``--figure hierarchy`` (§4.3's
-hierarchical against flat averaging as nodes are added).
+``--figure stragglers`` (the blog's waiting non-stragglers), ``--figure hierarchy`` (§4.3's
+hierarchical against flat averaging as nodes are added) and ``--figure approx`` (SlowMo's
+approximate averaging against DDP's exact all-reduce).
 
 **fig01.**
 The figure times an MPI all-reduce of 100 MB as cores are added (10 Gbps, 48 cores per
@@ -116,6 +117,46 @@ def measure_hierarchy(rate_mbit: float, out: Path) -> dict:
     return {"grid": g, "commands": commands}
 
 
+# SlowMo's overview: approximate parameter averaging (SlowMo over local SGD, localsgd_frequency
+# 3, a slow momentum step every 48) against DDP's exact gradient all-reduce, 2 nodes x 2 over
+# 100 Mbit/s, random stragglers (0.3 s at 2 % per worker and update, as timing_validation's),
+# 3 interleaved repeats
+APPROX = {"nodes": 2, "procs_per_node": 2, "steps": 100, "compute_ms": 50.0,
+          "localsgd_frequency": 3, "slowmo_frequency": 48, "straggler_seconds": 0.3,
+          "straggler_rate": 0.02, "repeats": 3}
+
+
+def measure_approx(rate_mbit: float, out: Path) -> dict:
+    """Per run, repeat and rank: mean seconds per update waiting and communicating, and per
+    update in all, over the measured window, for DDP and SlowMo over local SGD; ``out``.csv."""
+    from localsgd.paper.experiments import timing_validation as validation
+
+    g = APPROX
+    entries = []
+    for r in range(g["repeats"]):
+        entries += [{"name": f"ddp_r{r}", "seed": r, **validation.SYNC_RUN},
+                    {"name": f"slowmo_r{r}", "seed": r, "local_steps": g["localsgd_frequency"],
+                     "slowmo_frequency": g["slowmo_frequency"], "slowmo_momentum": 0.5}]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        info = validation.launch(entries, g["nodes"] * g["procs_per_node"], Path(tmp),
+                                 steps=g["steps"], compute_ms=g["compute_ms"],
+                                 straggler_seconds=g["straggler_seconds"],
+                                 straggler_rate=g["straggler_rate"], cluster_rate_mbit=rate_mbit,
+                                 procs_per_node=g["procs_per_node"])
+        for e in entries:
+            t = pd.read_csv(Path(tmp) / "runs" / e["name"] / "timing.csv")
+            t = t[t.step > info["warm"]]
+            for rank, part in t.groupby("rank"):
+                rows.append({"run": e["name"].split("_r")[0], "repeat": e["seed"],
+                             "rank": int(rank), "wait_s": part.wait_s.mean(),
+                             "comm_s": part.comm_s.mean(), "step_s": part.wall_s.mean(),
+                             "stall_s": part.stall_s.mean(), "steps": len(part),
+                             "link_mbit": sum(info["measured_rate_mbit"].values()) / 2})
+    pd.DataFrame(rows).to_csv(out, index=False)
+    return {"grid": g, "command": info["command"], "warm": info["warm"]}
+
+
 def measure_timing(rate_mbit: float, out: Path, workers: list[int] | None = None) -> dict:
     """timing_validation's grid on the emulated cluster: ``out``.rows.csv (one row per run)
     and ``out``.launches.csv (per launch: calibration, link, command)."""
@@ -157,7 +198,8 @@ def measure(layouts: list[tuple[int, int]], rate_mbit: float, mb: float, repeats
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="localsgd bench cluster", description=__doc__.split("\n")[0])
-    p.add_argument("--figure", choices=("fig01", "timing", "stragglers", "hierarchy"), default="fig01")
+    p.add_argument("--figure", choices=("fig01", "timing", "stragglers", "hierarchy",
+                                                  "approx"), default="fig01")
     p.add_argument("--workers", type=int, nargs="+", default=None,
                    help="timing: the world sizes (default 8 16)")
     p.add_argument("--layouts", default=LAYOUTS, help=f"nodes x processes (default {LAYOUTS})")
@@ -172,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out = Path("figures/cluster") / {"fig01": "fig01_allreduce.csv",
                                               "timing": "timing_validation",
                                               "stragglers": "blog_stragglers.csv",
-                                              "hierarchy": "sec43_hierarchy.csv"}[args.figure]
+                                              "hierarchy": "sec43_hierarchy.csv",
+                                              "approx": "slowmo_approx.csv"}[args.figure]
     try:
         layouts = [tuple(int(v) for v in s.split("x")) for s in args.layouts.split(",")]
         if any(len(t) != 2 for t in layouts):
@@ -192,13 +235,16 @@ def main(argv: list[str] | None = None) -> int:
             prov = measure_stragglers(args.rate_mbit, args.out)
         elif args.figure == "hierarchy":
             prov = measure_hierarchy(args.rate_mbit, args.out)
+        elif args.figure == "approx":
+            prov = measure_approx(args.rate_mbit, args.out)
         else:
             frame, prov = measure(layouts, args.rate_mbit, args.mb, args.repeats)
             frame.to_csv(args.out, index=False)
     except (netcluster.ClusterError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    prov.update({"command": "localsgd bench cluster " + " ".join(argv or sys.argv[1:]),
+    prov.update({"command": "localsgd bench cluster " + " ".join(
+                     sys.argv[1:] if argv is None else argv),
                  "started_utc": start.isoformat(timespec="seconds"),
                  "load_avg_1min_before": load0, "machine": machine(),
                  "delay": "none emulated (no netem in this kernel)"})

@@ -322,6 +322,7 @@ NO_GPU = {
     "explore_stragglers": "timing-model prediction on the CPU",
     "fig01_allreduce": "measured on the emulated cluster (CPU processes, namespaces)",
     "fig04_convex_time": "convex problem on the CPU",
+    "slowmo_cluster": "measured on the emulated cluster (CPU processes, namespaces)",
     "sec43_hierarchy_cluster": "measured on the emulated cluster (CPU processes, namespaces)",
     "fig05_convex_speedup": "convex problem on the CPU",
     "table02_time_vs_H": "fit to the paper's Table 2",

@@ -448,6 +448,14 @@ def tested_text(means: Sequence[float], unit: str = "") -> str:
     return f"{_fmt(finite[0], '')} to {_fmt(finite[-1], unit)}"
 
 
+def link_key(measured_mbit: float) -> str:
+    """An emulated link's rate as a compare row's key: the measured rate to the nearest ten
+    (96.4 measured for 100 asked reads "~100 Mbit/s"), so a re-measurement keeps the key."""
+    if not math.isfinite(measured_mbit):
+        return "unshaped links"
+    return f"~{round(measured_mbit, -1):.0f} Mbit/s"
+
+
 def claim_row(artifact: str, setting: str, metric: str, value: float | None, *, unit: str = "",
               note: str = "", claim: str | None = None,
               verdict: Verdict | str | None = None, tested: str = "",

@@ -460,7 +460,7 @@ def cluster_straggler_rows(measured: pd.DataFrame, *, stall_s: float) -> list[di
                        origin=claims.ours("'much longer' read as at least twice the "
                                           "straggler-free all-reduce time"))
     return [claims.claim_row(
-        "The Appearance of Stragglers", f"sync SGD, 2 nodes x 2, {link:.0f} Mbit/s, one "
+        "The Appearance of Stragglers", f"sync SGD, 2 nodes x 2, {claims.link_key(link)}, one "
         f"persistent straggler +{stall_s:g} s", "all-reduce time ratio",
         float(np.mean(ratios)) if ratios else None, unit="x", claim=STRAGGLERS_CLAIM,
         verdict=v, note="emulated cluster: DDP's gradient all-reduce over gloo, 50 ms emulated "
