@@ -45,6 +45,12 @@ STRAGGLERS = {"nodes": 2, "procs_per_node": 2, "steps": 24, "compute_ms": 50.0,
               "straggler_seconds": 0.2, "straggler_rank": 3, "repeats": 3}
 
 
+def _window(launch_dir: Path, run: str, warm: int) -> pd.DataFrame:
+    """One run's timing.csv (a row per update and worker) after its ``warm`` updates."""
+    t = pd.read_csv(launch_dir / "runs" / run / "timing.csv")
+    return t[t.step > warm]
+
+
 def measure_stragglers(rate_mbit: float, out: Path) -> dict:
     """Per run and rank: the mean seconds an update spends in the gradient all-reduce
     (waiting for the group's last member + communicating) over the measured window;
@@ -66,9 +72,7 @@ def measure_stragglers(rate_mbit: float, out: Path) -> dict:
                                  straggler_seconds=0.0, straggler_rate=0.0,
                                  cluster_rate_mbit=rate_mbit, procs_per_node=g["procs_per_node"])
         for e in entries:
-            t = pd.read_csv(Path(tmp) / "runs" / e["name"] / "timing.csv")
-            t = t[t.step > info["warm"]]
-            for rank, part in t.groupby("rank"):
+            for rank, part in _window(Path(tmp), e["name"], info["warm"]).groupby("rank"):
                 rows.append({"run": e["name"].split("_r")[0], "repeat": e["seed"],
                              "rank": int(rank), "straggler": rank in e["straggler_ranks"],
                              "wait_s": part.wait_grad_s.mean(), "comm_s": part.comm_grad_s.mean(),
@@ -145,9 +149,7 @@ def measure_approx(rate_mbit: float, out: Path) -> dict:
                                  straggler_rate=g["straggler_rate"], cluster_rate_mbit=rate_mbit,
                                  procs_per_node=g["procs_per_node"])
         for e in entries:
-            t = pd.read_csv(Path(tmp) / "runs" / e["name"] / "timing.csv")
-            t = t[t.step > info["warm"]]
-            for rank, part in t.groupby("rank"):
+            for rank, part in _window(Path(tmp), e["name"], info["warm"]).groupby("rank"):
                 rows.append({"run": e["name"].split("_r")[0], "repeat": e["seed"],
                              "rank": int(rank), "wait_s": part.wait_s.mean(),
                              "comm_s": part.comm_s.mean(), "step_s": part.wall_s.mean(),

@@ -404,8 +404,7 @@ def claims(table: pd.DataFrame) -> pd.DataFrame:
 
 def _scale_label(row: pd.Series) -> str:
     scale, mode = row.get("scale"), row.get("mode")
-    label = {"full": "full", "reduced": "reduced", "model": "model",
-             ledger_mod.CLUSTER: ledger_mod.CLUSTER_LABEL,
+    label = {"full": "full", "reduced": "reduced", "model": "model", **SCALE_WORDS,
              **ledger_mod.PROXY_SCALES}.get(scale, str(scale))
     return f"{label} ({mode} mode)" if mode == "paper" else label
 

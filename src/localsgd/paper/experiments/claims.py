@@ -44,7 +44,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -446,6 +446,22 @@ def tested_text(means: Sequence[float], unit: str = "") -> str:
     if len(finite) == 1:
         return _fmt(finite[0], unit)
     return f"{_fmt(finite[0], '')} to {_fmt(finite[-1], unit)}"
+
+
+def check_measured(measured: pd.DataFrame, need: Iterable[str], what: str,
+                   figure: str | None = None) -> pd.DataFrame:
+    """``measured`` (an emulated-cluster CSV of ``localsgd bench cluster [--figure figure]``)
+    with the columns ``need``, or one ValueError line naming those missing and the command."""
+    missing = sorted(set(need) - set(measured))
+    if missing:
+        again = "localsgd bench cluster" + (f" --figure {figure}" if figure else "")
+        raise ValueError(f"{what} lack columns {missing}: re-run `{again}` (as root)")
+    return measured
+
+
+def measured_link(measured: pd.DataFrame) -> float:
+    """The link rate an emulated-cluster CSV measured (its first row's), NaN without one."""
+    return float(measured["link_mbit"].iloc[0]) if "link_mbit" in measured else math.nan
 
 
 def link_key(measured_mbit: float) -> str:

@@ -433,11 +433,8 @@ def cluster_straggler_table(measured: pd.DataFrame) -> pd.DataFrame:
     """Per repeat and run (``clean``, ``straggler``): the non-straggling processes' mean
     seconds per update in the gradient all-reduce (waiting + communicating), and the
     straggler's, from ``localsgd bench cluster --figure stragglers``'s rows."""
-    need = {"run", "repeat", "rank", "straggler", "wait_s", "comm_s", "allreduce_s"}
-    missing = sorted(need - set(measured))
-    if missing:
-        raise ValueError(f"the straggler measurements lack columns {missing}: re-run "
-                         "`localsgd bench cluster --figure stragglers` (as root)")
+    claims.check_measured(measured, {"run", "repeat", "rank", "straggler", "wait_s", "comm_s",
+                                     "allreduce_s"}, "the straggler measurements", "stragglers")
     straggling = measured.straggler.astype(str).str.lower() == "true"
     out = (measured.assign(who=np.where(straggling, "straggler", "others"))
            .groupby(["repeat", "run", "who"], as_index=False)[["wait_s", "comm_s", "allreduce_s"]]
@@ -454,7 +451,7 @@ def cluster_straggler_rows(measured: pd.DataFrame, *, stall_s: float) -> list[di
         return []
     ratios = (others["straggler"] / others["clean"]).dropna().tolist()
     straggler_wait = float(tab[(tab.who == "straggler")].wait_s.mean())
-    link = float(measured["link_mbit"].iloc[0]) if "link_mbit" in measured else float("nan")
+    link = claims.measured_link(measured)
     v = claims.verdict(ratios, MUCH_LONGER, unit="x", over="repeats",
                        what="non-stragglers' all-reduce time with / without a straggler",
                        origin=claims.ours("'much longer' read as at least twice the "

@@ -312,11 +312,8 @@ APPROX_CLAIM = ("replacing the exact gradient all-reduce with approximate parame
 def cluster_approx_table(measured: pd.DataFrame) -> pd.DataFrame:
     """Per repeat and run (``ddp``, ``slowmo``): the workers' mean seconds per update waiting,
     communicating, both, and in all."""
-    need = {"run", "repeat", "rank", "wait_s", "comm_s", "step_s"}
-    missing = sorted(need - set(measured))
-    if missing:
-        raise ValueError(f"the SlowMo measurements lack columns {missing}: re-run `localsgd "
-                         "bench cluster --figure approx` (as root)")
+    claims.check_measured(measured, {"run", "repeat", "rank", "wait_s", "comm_s", "step_s"},
+                          "the SlowMo measurements", "approx")
     tab = measured.groupby(["repeat", "run"], as_index=False)[["wait_s", "comm_s", "step_s"]].mean()
     return tab.assign(sync_s=tab.wait_s + tab.comm_s)
 
@@ -330,7 +327,7 @@ def cluster_approx_rows(measured: pd.DataFrame) -> list[dict]:
         return []
     ratios = (wide["ddp"] / wide["slowmo"]).dropna().tolist()
     step = tab.pivot(index="repeat", columns="run", values="step_s")
-    link = float(measured["link_mbit"].iloc[0]) if "link_mbit" in measured else math.nan
+    link = claims.measured_link(measured)
     v = claims.verdict(ratios, 1.0, unit="x", over="repeats",
                        what="DDP's waiting + communicating time per update / SlowMo's",
                        origin=claims.ours("'cuts': any cut, a ratio above 1"))

@@ -15,7 +15,13 @@ import math
 
 import pandas as pd
 
-from localsgd.paper.experiments.claims import claim_row, link_key, paper, verdict
+from localsgd.paper.experiments.claims import (
+    check_measured,
+    claim_row,
+    link_key,
+    paper,
+    verdict,
+)
 from localsgd.timing.cluster import Cluster
 
 CLAIM = ("the time of an all-reduce of 100 MB grows as cores are added, so communication "
@@ -30,10 +36,7 @@ LOOPBACK_GBPS = 16.0
 def check(measured: pd.DataFrame) -> pd.DataFrame:
     """``measured`` (``localsgd bench cluster``'s CSV) with its columns checked: one line
     naming what is missing."""
-    missing = [c for c in COLUMNS if c not in measured]
-    if missing:
-        raise ValueError(f"Figure 1's measurements lack columns {missing}: re-run "
-                         "`localsgd bench cluster` (as root)")
+    check_measured(measured, COLUMNS, "Figure 1's measurements")
     if not len(measured):
         raise ValueError("Figure 1's measurements are empty: re-run `localsgd bench cluster`")
     return measured

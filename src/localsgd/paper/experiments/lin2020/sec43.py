@@ -11,7 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from localsgd.paper.experiments.claims import claim_row, link_key, ours, verdict
+from localsgd.paper.experiments.claims import (
+    check_measured,
+    claim_row,
+    link_key,
+    measured_link,
+    ours,
+    verdict,
+)
 
 # the paper: synchronising inside nodes first makes synchronisation over a heterogeneous
 # cluster easier, and the gain grows with its size (short, for the README's claims table)
@@ -20,11 +27,8 @@ CLAIM = "inner-node syncs first ease synchronisation over a heterogeneous cluste
 
 def table(measured: pd.DataFrame) -> pd.DataFrame:
     """Per node count and repeat: flat's and hierarchical's seconds per update and the gain."""
-    need = {"nodes", "run", "repeat", "seconds_per_update"}
-    missing = sorted(need - set(measured))
-    if missing:
-        raise ValueError(f"§4.3's measurements lack columns {missing}: re-run `localsgd bench "
-                         "cluster --figure hierarchy` (as root)")
+    check_measured(measured, {"nodes", "run", "repeat", "seconds_per_update"},
+                   "§4.3's measurements", "hierarchy")
     wide = measured.pivot_table(index=["nodes", "repeat"], columns="run",
                                 values="seconds_per_update").reset_index()
     if not {"flat", "hier"} <= set(wide.columns):
@@ -35,7 +39,7 @@ def table(measured: pd.DataFrame) -> pd.DataFrame:
 def rows(measured: pd.DataFrame) -> list[dict]:
     """One value row per node count (the mean gain) and the claim's row on the growth."""
     tab = table(measured)
-    link = float(measured["link_mbit"].iloc[0]) if "link_mbit" in measured else float("nan")
+    link = measured_link(measured)
     out = [claim_row("Section 4.3", f"{n} nodes x 2, {link_key(link)}", "flat / hierarchical "
                      "time per update", float(g.gain.mean()), unit="x",
                      note="emulated cluster: H = 2 flat vs H = 2, H^b = 4; 50 ms emulated compute")
