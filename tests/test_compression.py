@@ -34,7 +34,7 @@ def _bound(fmt: str, x: torch.Tensor, block: int) -> torch.Tensor:
             "int8": s / 2, "int4": s / 2}[fmt]
 
 
-@pytest.mark.parametrize("fmt", cp.FORMATS)
+@pytest.mark.parametrize("fmt", cp.DENSE_FORMATS)
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
 def test_each_format_keeps_its_error_bound_for_every_shape(fmt, shape):
     g = torch.Generator().manual_seed(0)
@@ -54,7 +54,7 @@ def test_each_format_keeps_its_error_bound_for_every_shape(fmt, shape):
     assert e.nbytes == int(codes * WIDTH[fmt]) + 4 * blocks
 
 
-@pytest.mark.parametrize("fmt", cp.FORMATS)
+@pytest.mark.parametrize("fmt", cp.DENSE_FORMATS)
 def test_wire_bytes_is_what_the_codes_take(fmt):
     for n, world in ((1000, 4), (7, 2), (256 * 8, 8)):
         length = cp._padded(n, world, cp.BLOCK)
@@ -142,7 +142,7 @@ def test_the_timing_model_prices_the_codes_it_sends():
 
     # its table of bytes is the codec's own, for a long tensor
     x = torch.randn(256 * 40)
-    for fmt in cp.FORMATS:
+    for fmt in cp.DENSE_FORMATS:  # sparse codes: tests/test_sparse.py
         assert wire_ratio(fmt) == pytest.approx(cp.encode(x, fmt).nbytes / (4 * x.numel())), fmt
     with pytest.raises(ValueError, match="average_compression='int3'; valid: fp32"):
         wire_ratio("int3")

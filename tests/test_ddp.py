@@ -46,6 +46,10 @@ SCENARIOS = {
     "buffers_broadcast": dataclasses.replace(BASE, broadcast_buffers=True),
     # beyond the sources: every average as int8 codes of the change since the group's last one
     "int8_averages": dataclasses.replace(BASE, average_compression="int8"),
+    # beyond the sources: random-k (5 % of the entries, indices seeded by the round) with error
+    # feedback at both levels
+    "randk_averages": dataclasses.replace(BASE, average_compression="randk",
+                                          compression_density=0.05),
     # beyond the sources: streaming fragment sync (3 fragments of a flat topology, each
     # merged 2 updates after its launch, half the local fragment kept; per-fragment block
     # momentum), exact and as int8 codes with error feedback

@@ -68,6 +68,7 @@ def test_every_field_that_can_change_results_is_in_the_key():
              "global_nesterov": {"momentum_scheme": "hybrid"},
              "slowmo_momentum": {"slowmo_frequency": 4}, "slowmo_lr": {"slowmo_frequency": 4},
              "compression_feedback": {"average_compression": "int8"},
+             "compression_density": {"average_compression": "topk"},
              "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}
     assert set(using) == set(UNUSED_WHEN)
     # streaming fragments and per-worker H run on a flat topology only

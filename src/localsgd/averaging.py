@@ -44,7 +44,7 @@ from localsgd.collectives import (
     optimizer_state_tensors,
     per_element_state,
 )
-from localsgd.compression import Compression, ErrorFeedback, compressed_average
+from localsgd.compression import Compression, compressed_average
 
 # the public names defined here (the flat buffers and groups: localsgd.collectives)
 __all__ = ["DistributedCommunicator", "FlatAverager", "HierarchicalAverager", "PeriodicAverager",
@@ -454,8 +454,8 @@ class DistributedCommunicator:
             return wait
         comp = self.compression
         compressed_average([delta], comp.fmt, group=group, block=comp.block, key=key,
-                           feedback=self._comp_feedback[self.topology.top] if comp.feedback
-                           else None)
+                           density=comp.density,
+                           feedback=self._comp_feedback[self.topology.top])
         return lambda: delta
 
     # -- resume ----------------------------------------------------------------------------------
@@ -469,7 +469,7 @@ class DistributedCommunicator:
         self.compression = compression
         start = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._comp_refs = {lv: start.clone() for lv in range(self.topology.num_levels)}
-        self._comp_feedback = {lv: ErrorFeedback(compression.fmt, compression.block)
+        self._comp_feedback = {lv: compression.new_feedback()
                                for lv in range(self.topology.num_levels)}
 
     def _compressed_mean(self, level: int, group: dist.ProcessGroup) -> None:
@@ -477,7 +477,7 @@ class DistributedCommunicator:
         ref = self._comp_refs[level]
         delta = torch.cat([p.detach().reshape(-1) for p in self.params]) - ref
         compressed_average([delta], comp.fmt, group=group, block=comp.block,
-                           feedback=self._comp_feedback[level] if comp.feedback else None)
+                           density=comp.density, feedback=self._comp_feedback[level])
         new = ref + delta
         self._comp_refs[level] = new
         offset = 0
@@ -490,7 +490,8 @@ class DistributedCommunicator:
         if self.compression is not None:
             state["compression"] = {
                 "refs": {lv: r.clone() for lv, r in self._comp_refs.items()},
-                "residuals": {lv: dict(fb.residuals) for lv, fb in self._comp_feedback.items()}}
+                "residuals": {lv: dict(fb.residuals) for lv, fb in self._comp_feedback.items()},
+                "rounds": {lv: dict(fb.rounds) for lv, fb in self._comp_feedback.items()}}
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -503,5 +504,7 @@ class DistributedCommunicator:
                                  "resume with the configuration it was written with")
             for lv, ref in self._comp_refs.items():
                 ref.copy_(saved["refs"][lv])
-                self._comp_feedback[lv].residuals = {
-                    k: v.to(ref.device) for k, v in saved["residuals"][lv].items()}
+                # a checkpoint from before random-k has no rounds: its formats drew no indices
+                self._comp_feedback[lv].load({"residuals": saved["residuals"][lv],
+                                              "rounds": saved.get("rounds", {}).get(lv, {})},
+                                             ref.device)

@@ -1,5 +1,6 @@
 """Compressed averaging: the averaged quantity (a model, a model delta, an outer gradient) sent
-as bf16, fp16, fp8 (e4m3), int8 or 4-bit codes, for a tensor of any shape, with optional error
+as bf16, fp16, fp8 (e4m3), int8 or 4-bit codes, or as the sparse codes of `localsgd.sparse`
+(top-k, chunked top-k, random-k, scaled sign), for a tensor of any shape, with optional error
 feedback.
 
 Every tensor is flattened, so convolution (4-D), linear (2-D) and BatchNorm (1-D) tensors and
@@ -37,7 +38,8 @@ chunks (each rank decodes and averages its chunk), then an all-gather of the enc
 chunks. Each rank sends 2 (P - 1) / P of the encoded bytes, against 2 (P - 1) / P of fp32's
 4 bytes a value for a ring all-reduce: int8 sends 1/4 of fp32's bytes plus its scales (4 bytes a
 block, 1/64 of the codes at blocks of 256). Every rank decodes the same gathered codes, so all
-end with bitwise the same average.
+end with bitwise the same average. Sparse codes travel by one all-gather instead, with no second
+encode (`localsgd.sparse`, its docstring says why and what that costs).
 """
 
 from __future__ import annotations
@@ -49,10 +51,22 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["BLOCK", "FORMATS", "Compression", "Encoded", "ErrorFeedback", "compressed_average",
-           "decode", "encode", "mean_of_rows", "wire_bytes"]
+from localsgd.sparse import (
+    DENSITY,
+    SPARSE_FORMATS,
+    SparseCodes,
+    decode_sparse,
+    encode_sparse,
+    equivalent_bytes,
+    keep_count,
+    round_seed,
+)
 
-FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+__all__ = ["BLOCK", "DENSE_FORMATS", "FORMATS", "Compression", "Encoded", "ErrorFeedback",
+           "compressed_average", "decode", "encode", "mean_of_rows", "wire_bytes"]
+
+DENSE_FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+FORMATS = DENSE_FORMATS + SPARSE_FORMATS
 BLOCK = 256  # values per scale: 4 bytes of scale per 256 codes
 # the code a block's largest magnitude maps to, per scaled format
 _TOP = {"fp16": 2.0 ** 14, "fp8": 448.0, "int8": 127.0, "int4": 7.0}
@@ -79,17 +93,26 @@ class Encoded:
         return self.payload.numel() + scales
 
 
-def _check(fmt: str, block: int) -> None:
+def _check(fmt: str, block: int, density: float = DENSITY) -> None:
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r}; valid: {', '.join(FORMATS)}")
     if isinstance(block, bool) or not isinstance(block, int) or block < 2 or block % 2:
         raise ValueError(f"block={block!r}: must be an even integer >= 2 (int4 packs two "
                          "codes to a byte)")
+    if fmt in SPARSE_FORMATS:
+        keep_count(1, density)  # one line if density is not in (0, 1]
+        if block > 32768:
+            raise ValueError(f"block={block}: sparse codes index within blocks of at most "
+                             "32768 values (int16)")
 
 
-def encode(x: torch.Tensor, fmt: str, block: int = BLOCK) -> Encoded:
-    """``x`` (any shape, any float dtype) as ``fmt`` codes, scaled per ``block`` values."""
-    _check(fmt, block)
+def encode(x: torch.Tensor, fmt: str, block: int = BLOCK, *, density: float = DENSITY,
+           seed: int = 0) -> Encoded | SparseCodes:
+    """``x`` (any shape, any float dtype) as ``fmt`` codes, scaled per ``block`` values; the
+    sparse formats keep ``density`` of the entries (random-k draws them from ``seed``)."""
+    _check(fmt, block, density)
+    if fmt in SPARSE_FORMATS:
+        return encode_sparse(x, fmt, block, density, seed)
     flat = x.detach().reshape(-1).to(torch.float32)
     n = flat.numel()
     if fmt in ("fp32", "bf16"):
@@ -117,8 +140,10 @@ def encode(x: torch.Tensor, fmt: str, block: int = BLOCK) -> Encoded:
     return Encoded(fmt, payload, scales, tuple(x.shape), n, block)
 
 
-def decode(e: Encoded) -> torch.Tensor:
+def decode(e: Encoded | SparseCodes) -> torch.Tensor:
     """The float32 tensor ``e`` encodes, in its original shape."""
+    if isinstance(e, SparseCodes):
+        return decode_sparse(e)
     if e.fmt in ("fp32", "bf16"):
         values = e.payload.view(_CAST[e.fmt]).to(torch.float32)
     else:
@@ -136,38 +161,63 @@ def decode(e: Encoded) -> torch.Tensor:
 
 class ErrorFeedback:
     """Per-tensor residuals: `encode` sends value + residual and keeps what the codes left out
-    (residual = sent value - its decode), so nothing is lost, only delayed."""
+    (residual = sent value - its decode), so nothing is lost, only delayed. With ``carry``
+    False it keeps no residual (plain codes) and only counts the rounds per key, which seed
+    random-k's indices (`localsgd.sparse.round_seed`): one per worker, all in step."""
 
-    def __init__(self, fmt: str, block: int = BLOCK) -> None:
-        _check(fmt, block)
-        self.fmt, self.block = fmt, block
+    def __init__(self, fmt: str, block: int = BLOCK, *, density: float = DENSITY,
+                 carry: bool = True) -> None:
+        _check(fmt, block, density)
+        self.fmt, self.block, self.density, self.carry = fmt, block, density, carry
         self.residuals: dict[Hashable, torch.Tensor] = {}
+        self.rounds: dict[Hashable, int] = {}
 
-    def encode(self, key: Hashable, x: torch.Tensor) -> Encoded:
+    def encode(self, key: Hashable, x: torch.Tensor) -> Encoded | SparseCodes:
         value = x.detach().to(torch.float32)
+        round_ = self.rounds.get(key, 0)
+        self.rounds[key] = round_ + 1
+        if not self.carry:
+            return encode(value, self.fmt, self.block, density=self.density,
+                          seed=round_seed(key, round_))
         if key in self.residuals:
             if self.residuals[key].shape != value.shape:
                 raise ValueError(f"error feedback {key!r}: a value of shape {tuple(value.shape)} "
                                  f"after one of {tuple(self.residuals[key].shape)}; use one key "
                                  "per tensor")
             value = value + self.residuals[key]
-        e = encode(value, self.fmt, self.block)
+        e = encode(value, self.fmt, self.block, density=self.density,
+                   seed=round_seed(key, round_))
         self.residuals[key] = value - decode(e)
         return e
+
+    def state(self) -> dict:
+        """Residuals and round counts (a checkpoint's part)."""
+        return {"residuals": dict(self.residuals), "rounds": dict(self.rounds)}
+
+    def load(self, state: dict, device: torch.device | None = None) -> None:
+        """Take `state`'s residuals and rounds (an older checkpoint has residuals only: its
+        formats drew no random indices)."""
+        self.residuals = {k: v.to(device) for k, v in state["residuals"].items()}
+        self.rounds = dict(state.get("rounds", {}))
 
 
 @dataclass(frozen=True)
 class Compression:
     """How a run's model averages travel (the module docstring): ``fmt`` codes of each worker's
-    change since its group's last average, scaled per ``block``, with `ErrorFeedback` per
-    worker and level when ``feedback``."""
+    change since its group's last average, scaled per ``block`` (sparse formats: ``density``
+    of the entries), with `ErrorFeedback` per worker and level when ``feedback``."""
 
     fmt: str
     block: int = BLOCK
     feedback: bool = True
+    density: float = DENSITY
 
     def __post_init__(self) -> None:
-        _check(self.fmt, self.block)
+        _check(self.fmt, self.block, self.density)
+
+    def new_feedback(self) -> ErrorFeedback:
+        """One worker's codec state at one level: residuals when ``feedback``, rounds always."""
+        return ErrorFeedback(self.fmt, self.block, density=self.density, carry=self.feedback)
 
 
 def _padded(n: int, world: int, block: int) -> int:
@@ -175,10 +225,15 @@ def _padded(n: int, world: int, block: int) -> int:
     return world * max(1, math.ceil(n / (world * block))) * block
 
 
-def wire_bytes(n: int, fmt: str, world: int, block: int = BLOCK) -> int:
+def wire_bytes(n: int, fmt: str, world: int, block: int = BLOCK,
+               density: float = DENSITY) -> int:
     """Bytes of the codes (and scales) of ``n`` values as `compressed_average` encodes them for
-    ``world`` ranks: the vector padded to whole blocks per rank (`Encoded.nbytes`)."""
-    _check(fmt, block)
+    ``world`` ranks: the vector padded to whole blocks per rank (`Encoded.nbytes`); for sparse
+    codes the ring all-reduce payload their all-gather equals (`localsgd.sparse.equivalent_bytes`),
+    so that every format is priced as an all-reduce of this many bytes."""
+    _check(fmt, block, density)
+    if fmt in SPARSE_FORMATS:
+        return equivalent_bytes(n, fmt, world, block, density)
     length = _padded(n, world, block)
     width = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}.get(fmt)
     codes = length // 2 if fmt == "int4" else length * width
@@ -187,11 +242,19 @@ def wire_bytes(n: int, fmt: str, world: int, block: int = BLOCK) -> int:
 
 def mean_of_rows(deltas: torch.Tensor, fmt: str, block: int = BLOCK,
                  feedbacks: Sequence[ErrorFeedback] | None = None,
-                 key: Hashable = "average") -> torch.Tensor:
+                 key: Hashable = "average", *, density: float = DENSITY,
+                 seed: int = 0) -> torch.Tensor:
     """The average of the rows of ``deltas`` ([g, n]) as `compressed_average` computes it over g
     ranks (row k = rank k's values, ``feedbacks[k]`` its error feedback, under ``key``): float32
     [n], the same numbers, for engines that hold every worker in one process."""
     g, n = deltas.shape
+    if fmt in SPARSE_FORMATS:
+        acc = torch.zeros(n, dtype=torch.float32, device=deltas.device)
+        for k in range(g):  # in rank order, as every rank sums the gathered codes
+            e = (feedbacks[k].encode(key, deltas[k]) if feedbacks else
+                 encode(deltas[k], fmt, block, density=density, seed=seed))
+            acc += decode(e)
+        return acc / g
     length = _padded(n, g, block)
     acc = torch.zeros(length, dtype=torch.float32, device=deltas.device)
     for k in range(g):  # in rank order, as each rank sums its chunk
@@ -212,16 +275,21 @@ def _split(e: Encoded, parts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def compressed_average(tensors: Sequence[torch.Tensor], fmt: str, *,
                        group: dist.ProcessGroup | None = None, block: int = BLOCK,
-                       feedback: ErrorFeedback | None = None, key: Hashable = "average") -> int:
+                       feedback: ErrorFeedback | None = None, key: Hashable = "average",
+                       density: float = DENSITY, seed: int = 0) -> int:
     """Replace ``tensors`` (this rank's; the same shapes on every rank) by their average over
     ``group`` with ``fmt`` codes on the wire (the module docstring); returns the bytes this
     rank sent. ``feedback`` (an `ErrorFeedback` of the same format) carries this rank's
-    residual from one call to the next, under ``key`` (one key per set of tensors). A group of
-    one rank leaves the tensors as they are."""
-    _check(fmt, block)
-    if feedback is not None and (feedback.fmt, feedback.block) != (fmt, block):
-        raise ValueError(f"feedback encodes {feedback.fmt} in blocks of {feedback.block}, the "
-                         f"average {fmt} in blocks of {block}")
+    residual from one call to the next, under ``key`` (one key per set of tensors). Sparse
+    formats keep ``density`` of the entries; random-k draws them from ``seed`` without a
+    ``feedback`` (with one, from its round count), the same seed on every rank. A group of one
+    rank leaves the tensors as they are."""
+    _check(fmt, block, density)
+    if feedback is not None and ((feedback.fmt, feedback.block) != (fmt, block) or (
+            fmt in SPARSE_FORMATS and feedback.density != density)):
+        raise ValueError(f"feedback encodes {feedback.fmt} in blocks of {feedback.block} "
+                         f"(density {feedback.density:g}), the average {fmt} in blocks of "
+                         f"{block} (density {density:g})")
     if any(not t.is_floating_point() for t in tensors):
         raise ValueError("compressed_average averages floating-point tensors only; got "
                          f"{sorted({str(t.dtype) for t in tensors if not t.is_floating_point()})}")
@@ -229,6 +297,42 @@ def compressed_average(tensors: Sequence[torch.Tensor], fmt: str, *,
     if world == 1 or not tensors:
         return 0
     flat = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
+    if fmt in SPARSE_FORMATS:
+        mine = (feedback.encode(key, flat) if feedback is not None else
+                encode(flat, fmt, block, density=density, seed=seed))
+        full, sent = _gathered_average(mine, world, group)
+    else:
+        full, sent = _two_phase_average(flat, fmt, world, group, block, feedback, key)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            t.copy_(full[offset:offset + t.numel()].view_as(t).to(t.dtype))
+            offset += t.numel()
+    return sent
+
+
+def _gathered_average(mine: SparseCodes, world: int,
+                      group: dist.ProcessGroup | None) -> tuple[torch.Tensor, int]:
+    """Every rank's sparse codes gathered, decoded and summed in rank order, over ``world``."""
+    parts = {}
+    for name in ("indices", "values", "scales"):
+        t = getattr(mine, name)
+        if t is not None:
+            parts[name] = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts[name], t.contiguous(), group=group)
+    acc = torch.zeros(mine.numel, dtype=torch.float32, device=mine.values.device)
+    for r in range(world):
+        codes = {name: (parts[name][r] if name in parts else None)
+                 for name in ("indices", "values", "scales")}
+        acc += decode_sparse(SparseCodes(mine.fmt, codes["indices"], codes["values"],
+                                         codes["scales"], (mine.numel,), mine.numel, mine.block,
+                                         mine.density, mine.seed)).reshape(-1)
+    return acc / world, (world - 1) * mine.nbytes  # a ring all-gather: P - 1 messages out
+
+
+def _two_phase_average(flat: torch.Tensor, fmt: str, world: int, group, block: int,
+                       feedback: ErrorFeedback | None, key: Hashable) -> tuple[torch.Tensor, int]:
+    """The quantisers' reduce-scatter then all-gather of codes (the module docstring)."""
     n = flat.numel()
     # whole blocks per rank, so the chunks split the codes and scales alike (fp32 and bf16 too)
     chunk = _padded(n, world, block) // world
@@ -258,9 +362,4 @@ def compressed_average(tensors: Sequence[torch.Tensor], fmt: str, *,
         dist.all_gather(gathered_scales, avg.scales, group=group)
     full = torch.cat([decode(Encoded(fmt, p, s, (chunk,), chunk, block))
                       for p, s in zip(payloads, gathered_scales, strict=True)])
-    offset = 0
-    with torch.no_grad():
-        for t in tensors:
-            t.copy_(full[offset:offset + t.numel()].view_as(t).to(t.dtype))
-            offset += t.numel()
-    return 2 * (world - 1) * avg.nbytes  # (P - 1) chunks out in each phase
+    return full[:n], 2 * (world - 1) * avg.nbytes  # (P - 1) chunks out in each phase

@@ -259,7 +259,7 @@ class DDPEngine(ScheduledWorkers):
             return self._avg_bytes
         n = sum(p.numel() for p in self.comm.params)
         return self._avg_bytes - self.param_bytes + wire_bytes(n, comp.fmt, self._sizes[level],
-                                                                comp.block)
+                                                                comp.block, comp.density)
 
     def _fragment_bytes(self, p: int) -> int:
         """Bytes of fragment ``p``'s average: its values, or their codes when compressed."""
@@ -267,7 +267,7 @@ class DDPEngine(ScheduledWorkers):
         comp = self.comm.compression
         if comp is None:
             return n * self.comm.flat_params().element_size()
-        return wire_bytes(n, comp.fmt, self.world_size, comp.block)
+        return wire_bytes(n, comp.fmt, self.world_size, comp.block, comp.density)
 
     @property
     def param_bytes(self) -> int:

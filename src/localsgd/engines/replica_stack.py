@@ -18,7 +18,7 @@ from torch import nn
 
 from localsgd import gossip as gossip_mod
 from localsgd.collectives import per_element_state
-from localsgd.compression import Compression, ErrorFeedback, mean_of_rows
+from localsgd.compression import Compression, mean_of_rows
 from localsgd.topology import Topology
 
 __all__ = ["FLAT_ALIGN", "ReplicaCommunicator", "aligned_offsets", "stack_into_flat"]
@@ -217,8 +217,7 @@ class ReplicaCommunicator:
         self.compression = compression
         start = self.packed()
         self._comp_refs = {lv: start.clone() for lv in range(self.topology.num_levels)}
-        self._comp_feedback = {lv: [ErrorFeedback(compression.fmt, compression.block)
-                                    for _ in range(self.world_size)]
+        self._comp_feedback = {lv: [compression.new_feedback() for _ in range(self.world_size)]
                                for lv in range(self.topology.num_levels)}
 
     def _compressed_mean_(self, level: int, g: int) -> None:
@@ -230,8 +229,8 @@ class ReplicaCommunicator:
         new = torch.empty_like(ref)
         for start in range(0, self.world_size, g):
             rows = slice(start, start + g)
-            feedbacks = self._comp_feedback[level][rows] if comp.feedback else None
-            mean = mean_of_rows(delta[rows], comp.fmt, comp.block, feedbacks)
+            mean = mean_of_rows(delta[rows], comp.fmt, comp.block,
+                                self._comp_feedback[level][rows])
             new[rows] = ref[rows] + mean.to(ref.dtype)
         self._comp_refs[level] = new
         self.write_tensors(0, len(self._slots), new)
@@ -285,8 +284,8 @@ class ReplicaCommunicator:
             mean = delta.mean(0)
         else:
             comp = self.compression
-            feedbacks = self._comp_feedback[self.topology.top] if comp.feedback else None
-            mean = mean_of_rows(delta, comp.fmt, comp.block, feedbacks, key=key).to(delta.dtype)
+            mean = mean_of_rows(delta, comp.fmt, comp.block, self._comp_feedback[self.topology.top],
+                                key=key).to(delta.dtype)
         return lambda: mean
 
     def _check_aliasing(self) -> None:
@@ -440,7 +439,8 @@ class ReplicaCommunicator:
 def _compression_state(refs: dict, feedback: dict) -> dict:
     """References and residuals of compressed averaging, per level (a checkpoint's part)."""
     return {"refs": {lv: r.clone() for lv, r in refs.items()},
-            "residuals": {lv: [dict(fb.residuals) for fb in fbs] for lv, fbs in feedback.items()}}
+            "residuals": {lv: [dict(fb.residuals) for fb in fbs] for lv, fbs in feedback.items()},
+            "rounds": {lv: [dict(fb.rounds) for fb in fbs] for lv, fbs in feedback.items()}}
 
 
 def _load_compression_state(state: dict, refs: dict, feedback: dict) -> None:
@@ -450,5 +450,8 @@ def _load_compression_state(state: dict, refs: dict, feedback: dict) -> None:
                          "the configuration it was written with")
     for lv, ref in refs.items():
         ref.copy_(saved["refs"][lv])
-        for fb, residuals in zip(feedback[lv], saved["residuals"][lv], strict=True):
-            fb.residuals = {k: v.to(ref.device) for k, v in residuals.items()}
+        # a checkpoint from before random-k has no rounds: its formats drew no indices
+        rounds = saved.get("rounds", {}).get(lv, [{}] * len(feedback[lv]))
+        for fb, residuals, counts in zip(feedback[lv], saved["residuals"][lv], rounds,
+                                         strict=True):
+            fb.load({"residuals": residuals, "rounds": counts}, ref.device)

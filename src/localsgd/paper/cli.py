@@ -20,7 +20,7 @@ from localsgd.paper.notebook import MODES, PROXY_MODES
 from localsgd.paper.report import write_report
 from localsgd.paper.results import repo_root
 from localsgd.timing.plan import format_plan, plan_schedules
-from localsgd.timing.simulate import WIRE_BYTES
+from localsgd.timing.simulate import FORMATS as WIRE_FORMATS
 
 # `localsgd bench NAME ...` hands the rest of the command line to NAME's module `main(argv)`.
 BENCHES = {
@@ -139,9 +139,12 @@ def _parser() -> argparse.ArgumentParser:
                     "every step (PyTorch's post_local_gradient_allreduce default)")
     pl.add_argument("--no-overlap", action="store_true",
                     help="gradient all-reduce does not overlap backward")
-    pl.add_argument("--compress", default="fp32", choices=tuple(WIRE_BYTES),
+    pl.add_argument("--compress", default="fp32", choices=WIRE_FORMATS,
                     help="format of the model averages on the wire (localsgd.compression; "
                     "gradients stay fp32): bytes per sync scale by codes plus scales")
+    pl.add_argument("--density", type=float, default=0.01,
+                    help="share of entries topk / chunk-topk / randk averages send (default "
+                    "0.01)")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--top", type=int, default=15, help="rows to print (0: all)")
     pl.add_argument("--json", action="store_true", help="print the ranking as JSON records")
@@ -161,7 +164,8 @@ def _plan(args: argparse.Namespace) -> int:
               ("--latency-us", args.latency_us, args.latency_us >= 0, "microseconds >= 0"),
               ("--steps", args.steps, args.steps >= 1, "an integer >= 1"),
               ("--max-period", args.max_period, args.max_period >= 2, "an integer >= 2"),
-              ("--top", args.top, args.top >= 0, "an integer >= 0")]
+              ("--top", args.top, args.top >= 0, "an integer >= 0"),
+              ("--density", args.density, 0 < args.density <= 1, "a fraction in (0, 1]")]
     bad = [f"{flag} {value}: expected {what}" for flag, value, ok, what in checks if not ok]
     if bad:
         raise ValueError("; ".join(bad))
@@ -176,14 +180,17 @@ def _plan(args: argparse.Namespace) -> int:
                         jitter=args.jitter, seed=args.seed,
                         intra_host_grad_allreduce=args.host_grad,
                         grad_overlap=0.0 if args.no_overlap else 1.0,
-                        average_compression=args.compress)
+                        average_compression=args.compress,
+                        compression_density=args.density)
     if args.json:
         print(json.dumps(df.to_dict(orient="records"), indent=1))
         return 0
     print(f"{args.workers} workers ({args.gpus_per_node} per node), {args.model_mb:g} MB model, "
           f"{args.step_ms:g} ms/step, stalls {args.straggler_s:g} s at "
           f"{100 * args.straggler_rate:g} %, {args.inter_gbps:g} Gbit/s between nodes, "
-          f"averages in {args.compress}; "
+          f"averages in {args.compress}"
+          + (f" (density {args.density:g})" if args.compress in ("topk", "chunk-topk", "randk")
+             else "") + "; "
           f"{args.steps} simulated steps (localsgd.timing.simulate)")
     print(format_plan(df, args.top or None))
     print("Speed only: a longer period is faster per step but may need more steps to reach "

@@ -19,7 +19,8 @@ from localsgd.timing.cluster import Cluster
 from localsgd.timing.scheme import Scheme
 from localsgd.timing.stragglers import STRAGGLER_SALT, Stragglers, stall_draws
 
-__all__ = ["WIRE_BYTES", "check_int_arg", "run_clocks", "simulate", "wire_ratio"]
+__all__ = ["FORMATS", "SPARSE_BYTES", "WIRE_BYTES", "check_int_arg", "run_clocks", "simulate",
+           "wire_ratio"]
 
 # No event queue: every worker has a clock, every step adds its compute (+ stall), and a
 # synchronisation of a group sets the clocks of its members to the group's release time
@@ -171,7 +172,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
              baseline: bool | str = True, seed: int = 0, runner_stalls: bool = False,
              stalls: np.ndarray | None = None, queue_steps: int = 0,
              sync_queue_steps: int | None = None,
-             average_compression: str = "fp32") -> pd.DataFrame:
+             average_compression: str = "fp32",
+             compression_density: float = 0.01) -> pd.DataFrame:
     """Predicted wall-clock time of each scheme on one cluster: one tidy row per scheme.
 
     Model (per worker clock, per step; no event queue):
@@ -214,9 +216,11 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     ResNet-18 is 45 MB).
 
     ``average_compression``: the format model averages, gossip messages and the slow-momentum
-    all-gather travel in (`localsgd.compression`: fp32, bf16, fp16, fp8, int8, int4); their
-    bytes scale by `wire_ratio` (codes plus per-block scales), priced as a ring collective of
-    that many bytes. Gradient all-reduces (synchronous SGD, DDP) stay fp32.
+    all-gather travel in (`localsgd.compression`: fp32, bf16, fp16, fp8, int8, int4, or the
+    sparse topk, chunk-topk, randk with ``compression_density`` of the entries, and sign); their
+    bytes scale by `wire_ratio` (codes plus per-block scales; sparse codes are all-gathered, so
+    their ratio grows with the group), priced as a ring collective of that many bytes.
+    Gradient all-reduces (synchronous SGD, DDP) stay fp32.
 
     ``intra_host_grad_allreduce``: local and hierarchical schemes also all-reduce gradients
     inside each host every step (PyTorch's default ``post_local_gradient_allreduce=True``, blog
@@ -263,7 +267,10 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
                 and math.isfinite(value) and value >= lo and (hi is None or value <= hi)):
             rng_txt = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
             raise ValueError(f"{name}={value!r}: must be a number {rng_txt}")
-    ratio = wire_ratio(average_compression)
+    def ratio_at(group: int) -> float:  # sparse codes' all-gather grows with the group
+        return wire_ratio(average_compression, density=compression_density, group=group)
+
+    ratio = ratio_at(workers)  # gossip, the slow-momentum all-gather, world-wide fragments
     gpn = cluster.gpus_per_node
     if workers % gpn and workers > gpn:
         raise ValueError(f"workers={workers} is not a whole number of nodes of "
@@ -303,8 +310,9 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     grad_cost = np.tile(grad_cost, (len(run), 1))
     # model averages travel compressed (average_compression); gradients do not
     avg_bytes = nbytes * ratio
-    ar_avg = ar if ratio == 1.0 else np.array(
-        [0.0] + [cluster.allreduce_seconds(int(g), avg_bytes, workers) for g in sizes[1:]])
+    ar_avg = ar if average_compression == "fp32" else np.array(
+        [0.0] + [cluster.allreduce_seconds(int(g), nbytes * ratio_at(int(g)), workers)
+                 for g in sizes[1:]])
     avg_cost = np.tile(ar_avg, (len(run), 1))
     inter_bw = (cluster.intra_gbps if workers <= gpn else cluster.inter_gbps) * 1e9 / 8
     gossip_cost = cluster.latency_s + avg_bytes / inter_bw
@@ -330,7 +338,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
         total = float(clock.sum())
         # MB a worker sends: a ring all-reduce among g sends 2(g-1)/g of the model, a
         # gossip round one model, the slow-momentum all-gather (g-1)/g
-        moved = float(sum((2 * (g - 1) / g) * model_mb * (ratio if key == "avg" else 1.0)
+        moved = float(sum((2 * (g - 1) / g) * model_mb * (ratio_at(g) if key == "avg" else 1.0)
                           for key in ("grad", "avg") for g in plan[key] if g > 1)
                       + model_mb * ratio * ((plan["gossip"] > 0).sum()
                                             + (workers - 1) / workers * plan["allgather"].sum())
@@ -370,6 +378,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
               "intra_host_grad_allreduce": intra_host_grad_allreduce,
               "queued_fraction": queued_fraction, "queue_steps": queue_steps,
               "sync_queue_steps": sync_q, "average_compression": average_compression,
+              "compression_density": compression_density,
               "seed": seed}
     for k, v in inputs.items():
         df[k] = v
@@ -385,11 +394,29 @@ WIRE_BYTES = {"fp32": (4.0, False), "bf16": (2.0, False), "fp16": (2.0, True),
               "fp8": (1.0, True), "int8": (1.0, True), "int4": (0.5, True)}
 
 
-def wire_ratio(fmt: str, block: int = 256) -> float:
+# sparse codes (`localsgd.sparse`): bytes per kept entry (index + value), or for sign per value
+SPARSE_BYTES = {"topk": 8.0, "chunk-topk": 5.0, "randk": 4.0, "sign": 1 / 8}
+FORMATS = (*WIRE_BYTES, *SPARSE_BYTES)
+
+
+def wire_ratio(fmt: str, block: int = 256, density: float = 0.01, group: int = 2) -> float:
     """Bytes on the wire of ``fmt`` over fp32's, for a long tensor: codes plus a 4-byte scale
-    per ``block`` values where the format scales (`localsgd.compression.Encoded.nbytes`)."""
+    per ``block`` values where the format scales (`localsgd.compression.Encoded.nbytes`). Sparse
+    codes are all-gathered among ``group`` ranks, which moves what an all-reduce of group / 2
+    messages moves (`localsgd.sparse.equivalent_bytes`); chunk-topk keeps ceil(density block)
+    per block (uint8 indices: block <= 256)."""
+    if fmt in SPARSE_BYTES:
+        if not 0.0 < density <= 1.0:
+            raise ValueError(f"compression_density={density!r}: must be a fraction in (0, 1]")
+        if fmt == "sign":
+            per_value = 1 / 8 + 4.0 / block
+        elif fmt == "chunk-topk":
+            per_value = math.ceil(density * block - 1e-9) / block * (4 + (1 if block <= 256 else 2))
+        else:
+            per_value = density * SPARSE_BYTES[fmt]
+        return group / 2 * per_value / 4.0
     if fmt not in WIRE_BYTES:
-        raise ValueError(f"average_compression={fmt!r}; valid: {', '.join(WIRE_BYTES)}")
+        raise ValueError(f"average_compression={fmt!r}; valid: {', '.join(FORMATS)}")
     width, scaled = WIRE_BYTES[fmt]
     return (width + (4.0 / block if scaled else 0.0)) / 4.0
 

@@ -26,7 +26,9 @@ __all__ = ["EXECUTION", "MOMENTUM_SCHEMES", "RECIPE", "TrainConfig"]
 
 MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
 # `localsgd.compression.FORMATS`, named here: the config imports no torch
-COMPRESSION_FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
+COMPRESSION_FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4",
+                       "topk", "chunk-topk", "randk", "sign")
+SPARSE_DENSITY_FORMATS = ("topk", "chunk-topk", "randk")  # the ones compression_density sizes
 # how a machine runs a recipe (the module docstring); every other field is the recipe's
 EXECUTION = ("batched", "packed", "compile_replicas", "device", "dtype", "precision",
              "deterministic", "memory_format", "host_threads", "loader_workers", "eval_batch")
@@ -128,10 +130,15 @@ class TrainConfig:
     average_compression: str = "fp32"
     """Format of model averages on the wire (beyond the sources; `localsgd.compression`):
     'fp32' (exact, the paper's), or 'bf16', 'fp16', 'fp8', 'int8', 'int4' codes of each
-    worker's change since its group's last average, scaled per block of 256. Not with SGP."""
+    worker's change since its group's last average, scaled per block of 256, or its sparse
+    codes 'topk', 'chunk-topk', 'randk' (``compression_density`` of the entries) or 'sign'
+    (`localsgd.sparse`). Not with SGP."""
     compression_feedback: bool = True
     """With a compressed ``average_compression``: each worker adds what its last codes left out
     to its next change (error feedback, `localsgd.compression.ErrorFeedback`)."""
+    compression_density: float = 0.01
+    """With 'topk', 'chunk-topk' or 'randk' averages: the share of entries sent, in (0, 1]
+    (k = ceil(density n), per block for 'chunk-topk'; SparseLoCo and DeMo send 1-3 %)."""
     fragments: int = 0
     """Streaming fragment sync (beyond the sources; `localsgd.schedule.Streaming`, Douillard et
     al. 2025): 0 averages the whole model at once (the paper's); P >= 1 splits the parameters
@@ -248,6 +255,12 @@ class TrainConfig:
             raise ValueError(f"average_compression={self.average_compression!r} needs a common "
                              "reference at each average, which SGP's gossip leaves none of: use "
                              "'fp32' with gossip")
+        if isinstance(self.compression_density, bool) or not isinstance(
+                self.compression_density, (int, float)) or not (
+                0.0 < self.compression_density <= 1.0):
+            raise ValueError(f"compression_density={self.compression_density!r}: must be a "
+                             "fraction in (0, 1] (the share of entries a sparse average sends; "
+                             "0 would send nothing)")
         if not isinstance(self.compression_feedback, bool):
             raise ValueError(f"compression_feedback={self.compression_feedback!r}: must be "  # noqa: TRY004
                              "true or false")

@@ -172,7 +172,8 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
     return EngineParts(model_fn, schedule, optimizer_fn, outer, lrs,
                        cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum,
                        None if cfg.average_compression == "fp32" else Compression(
-                           cfg.average_compression, feedback=cfg.compression_feedback),
+                           cfg.average_compression, feedback=cfg.compression_feedback,
+                           density=cfg.compression_density),
                        cfg.broadcast_buffers)
 
 

@@ -24,7 +24,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from localsgd.training.config import TrainConfig
+from localsgd.training.config import SPARSE_DENSITY_FORMATS, TrainConfig
 
 __all__ = ["NOT_IN_KEY", "RESULTS_VERSION", "UNUSED_WHEN", "results_key", "same_run"]
 
@@ -56,6 +56,8 @@ UNUSED_WHEN = {
                         "no global (outer) step"),
     "compression_feedback": (lambda c: c.average_compression == "fp32",
                              "exact averages: no codes whose error to feed back"),
+    "compression_density": (lambda c: c.average_compression not in SPARSE_DENSITY_FORMATS,
+                            "no top-k or random-k codes to size"),
     "overlap_steps": (lambda c: not c.fragments, "no streaming fragments to overlap"),
     "fragment_mixing": (lambda c: not c.fragments, "no streaming fragments to merge"),
 }
