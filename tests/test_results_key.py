@@ -98,7 +98,7 @@ def test_the_recipe_and_its_execution_split_every_field():
     # is which fields are execution, and that each is a field
     assert set(EXECUTION) == {"batched", "packed", "compile_replicas", "device", "dtype",
                               "precision", "deterministic", "memory_format", "host_threads",
-                              "loader_workers", "eval_batch"}
+                              "loader_workers", "eval_batch", "check_consistency"}
     assert sorted(RECIPE + EXECUTION) == sorted(names)
     cfg = TrainConfig(world_size=4, local_steps=8, lr=0.2)
     assert {**cfg.recipe(), **cfg.execution()} == cfg.to_dict()

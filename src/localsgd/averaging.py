@@ -40,6 +40,7 @@ from localsgd.collectives import (
     TensorSet,
     build_groups,
     contiguous_blocks,
+    digest,
     float_buffers,
     optimizer_state_tensors,
     per_element_state,
@@ -301,6 +302,14 @@ class DistributedCommunicator:
     def flat_params(self) -> torch.Tensor:
         """This worker's parameters as one flat ``[n]`` tensor the model aliases."""
         return self._params.prepare(self.params).flats[0]
+
+    def worker_digests(self) -> list[int]:
+        """Every worker's parameter digest, gathered over the world (a collective)."""
+        flat = self.flat_params()
+        mine = torch.tensor([digest(flat)], dtype=torch.int64, device=flat.device)
+        got = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(got, mine, group=self.groups[self.topology.top])
+        return [int(g) for g in got]
 
     @torch.no_grad()
     def average(self, level: int) -> None:

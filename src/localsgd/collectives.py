@@ -58,6 +58,17 @@ def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little", signed=True)
 
 
+def digest(values: torch.Tensor) -> int:
+    """A 64-bit digest of ``values``' bytes (its dtype and shape included): equal digests, equal
+    tensors bitwise, but for a 2^-64 chance. For the runtime consistency check (`SyncDriver`'s
+    ``check_consistency``)."""
+    data = values.detach().contiguous().cpu()
+    head = f"{data.dtype}:{tuple(data.shape)}".encode()
+    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    return int.from_bytes(hashlib.blake2b(head + raw, digest_size=8).digest(), "little",
+                          signed=True)
+
+
 def check_same_tensors(tensors: Sequence[torch.Tensor], what: str,
                        group: dist.ProcessGroup | None = None) -> None:
     """Collective check that every rank of ``group`` holds the same tensor signature.

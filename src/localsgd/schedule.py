@@ -35,7 +35,8 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from localsgd.topology import Topology, check_int
 
-__all__ = ["Action", "Communicator", "OuterStep", "Streaming", "SyncDriver", "SyncSchedule"]
+__all__ = ["Action", "Communicator", "ConsistencyError", "OuterStep", "Streaming", "SyncDriver",
+           "SyncSchedule"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -423,6 +424,15 @@ class Communicator(Protocol):
         ``[K, n]`` (replicas). Writes into it update the model(s). Used by the outer step right
         after a global average, when all workers hold the same values."""
 
+    def worker_digests(self) -> list[int]:
+        """Every worker's parameter digest (`localsgd.collectives.digest`), in rank order, on
+        every rank (a collective under torchrun); only for ``check_consistency``."""
+
+
+class ConsistencyError(RuntimeError):
+    """Workers that must hold the same parameters do not (`SyncDriver`'s
+    ``check_consistency``): at the start, or after a world-wide average."""
+
 
 class OuterStep(Protocol):
     """Outer update (``localsgd.outer.OuterUpdate``) as seen by the driver."""
@@ -447,9 +457,16 @@ class SyncDriver:
 
     `t` counts completed local updates; `state_dict()` saves it (and the outer state) so a
     resumed run continues the same schedule.
+
+    ``check_consistency`` (beyond the sources; torch's post-local SGD once skipped its averages
+    silently, pytorch#74157, and prime's DiLoCo once started its workers from different inits,
+    prime-diloco PR #13): before the first update every worker must hold the same parameters,
+    and after every world-wide average (and its outer step) again; else `ConsistencyError`
+    names the workers that differ. It costs one digest of the parameters per worker and check.
     """
 
-    def __init__(self, schedule: SyncSchedule, comm: Communicator, outer: OuterStep | None = None):
+    def __init__(self, schedule: SyncSchedule, comm: Communicator, outer: OuterStep | None = None,
+                 *, check_consistency: bool = False):
         if schedule.topology.world_size != comm.world_size:
             raise ValueError(
                 f"schedule is for world_size {schedule.topology.world_size} but the communicator "
@@ -469,6 +486,7 @@ class SyncDriver:
                 "for SlowMo) or pass outer=None"
             )
         self.schedule, self.comm, self.outer = schedule, comm, outer
+        self.check_consistency = check_consistency
         self.t = 0
         self.streaming = None
         if schedule.streaming is not None:
@@ -481,6 +499,8 @@ class SyncDriver:
 
     def before_step(self) -> Action:
         """Call after backward, before ``optimizer.step()``."""
+        if self.check_consistency and self.t == 0:
+            self._check_consensus("before the first update")
         a = self.schedule.action(self.t + 1)
         if a.allreduce_grads_level is not None:
             self.comm.allreduce_grads(a.allreduce_grads_level)
@@ -509,7 +529,18 @@ class SyncDriver:
             elif a.warmup and not self.schedule.action(self.t + 1).warmup:
                 # warm-up progress is not a pseudo-gradient: start the outer anchor here
                 self.outer.reset(self.comm.flat_params())
+        if self.check_consistency and a.level == self.schedule.topology.top:
+            self._check_consensus(f"after the world-wide average of update {self.t}")
         return a
+
+    def _check_consensus(self, when: str) -> None:
+        digests = self.comm.worker_digests()
+        odd = [k for k, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            raise ConsistencyError(
+                f"{when}: worker{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} of "
+                f"{len(digests)} hold{'' if len(odd) > 1 else 's'} other parameters than worker "
+                "0 (digests differ); an average was skipped or the workers started apart")
 
     def state_dict(self) -> dict:
         state = {"t": self.t, "outer": None if self.outer is None else self.outer.state_dict()}

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from localsgd import gossip as gossip_mod
-from localsgd.collectives import per_element_state
+from localsgd.collectives import digest, per_element_state
 from localsgd.compression import Compression, mean_of_rows
 from localsgd.topology import Topology
 
@@ -239,6 +239,10 @@ class ReplicaCommunicator:
 
     def flat_params(self) -> torch.Tensor:
         return self.flat
+
+    def worker_digests(self) -> list[int]:
+        """Each replica's parameter digest (`localsgd.collectives.digest` of its row)."""
+        return [digest(row) for row in self.packed()]
 
     def packed(self) -> torch.Tensor:
         """A copy of the replicas' parameters as a gap-free ``[K, n_params]`` matrix (row k is

@@ -61,8 +61,8 @@ class RunSlice(ReplicaEngineBase):
             [b[self.rows] for b in pack.buffers.values() if b.is_floating_point()],
             self.optimizer, parts.average_buffers, parts.average_momentum,
             parts.peers_per_step)
-        parts.apply_state_sync(self.comm)
         self.driver = SyncDriver(parts.schedule, self.comm, parts.outer)
+        parts.apply_state_sync(self.comm, self.driver)
 
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.optimizer]

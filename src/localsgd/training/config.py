@@ -31,7 +31,8 @@ COMPRESSION_FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4",
 SPARSE_DENSITY_FORMATS = ("topk", "chunk-topk", "randk")  # the ones compression_density sizes
 # how a machine runs a recipe (the module docstring); every other field is the recipe's
 EXECUTION = ("batched", "packed", "compile_replicas", "device", "dtype", "precision",
-             "deterministic", "memory_format", "host_threads", "loader_workers", "eval_batch")
+             "deterministic", "memory_format", "host_threads", "loader_workers", "eval_batch",
+             "check_consistency")
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,11 @@ class TrainConfig:
     intra-op threads when `train` starts, at most K, for K >= 2 replicas on a CPU (else
     torch's threads are left alone). Does not change results: a run computes the same bits on
     one core or several (tested); not part of the results-cache key."""
+    check_consistency: bool = False
+    """Check at run time that every worker starts from the same parameters and holds the same
+    after every world-wide average (`localsgd.schedule.SyncDriver`, a digest per worker; under
+    torchrun an all-gather): a skipped average or a worker started apart raises
+    `localsgd.schedule.ConsistencyError` instead of training on. Does not change results."""
 
     def __post_init__(self) -> None:
         if self.momentum_scheme not in MOMENTUM_SCHEMES:
@@ -261,6 +267,9 @@ class TrainConfig:
             raise ValueError(f"compression_density={self.compression_density!r}: must be a "
                              "fraction in (0, 1] (the share of entries a sparse average sends; "
                              "0 would send nothing)")
+        if not isinstance(self.check_consistency, bool):
+            raise ValueError(f"check_consistency={self.check_consistency!r}: must be true or "  # noqa: TRY004
+                             "false")
         if not isinstance(self.compression_feedback, bool):
             raise ValueError(f"compression_feedback={self.compression_feedback!r}: must be "  # noqa: TRY004
                              "true or false")

@@ -120,13 +120,16 @@ class EngineParts(NamedTuple):
     average_momentum: bool = False
     compression: Compression | None = None  # model averages as codes (None: exact)
     broadcast_buffers: bool = False
+    check_consistency: bool = False  # SyncDriver's runtime check of the workers' parameters
 
-    def apply_state_sync(self, comm: Any) -> None:
-        """Set on ``comm`` (an engine's communicator) what a sync does beyond the parameters'
-        average that its constructor does not take: compressed codes, broadcast buffers."""
+    def apply_state_sync(self, comm: Any, driver: Any) -> None:
+        """Set on ``comm`` (an engine's communicator) and ``driver`` (its `SyncDriver`) what a
+        sync does beyond the parameters' average that their constructors do not take:
+        compressed codes, broadcast buffers, the consistency check."""
         if self.compression is not None:
             comm.set_compression(self.compression)
         comm.broadcast_buffers = self.broadcast_buffers
+        driver.check_consistency = self.check_consistency
 
 
 def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EngineParts:
@@ -174,7 +177,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
                        None if cfg.average_compression == "fp32" else Compression(
                            cfg.average_compression, feedback=cfg.compression_feedback,
                            density=cfg.compression_density),
-                       cfg.broadcast_buffers)
+                       cfg.broadcast_buffers, cfg.check_consistency)
 
 
 def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "replicas",
@@ -201,7 +204,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                          average_buffers=parts.average_buffers,
                          average_momentum=parts.average_momentum, device=plan.device,
                          num_classes=num_classes, **options)
-        parts.apply_state_sync(engine.comm)
+        parts.apply_state_sync(engine.comm, engine.driver)
         return engine
     kw = ({"packed": plan.packed, "compile": plan.compile} if plan.batched
           else {"threads": max(1, plan.threads)})
@@ -211,7 +214,7 @@ def build_engine(cfg: TrainConfig, n_train: int, num_classes: int, kind: str = "
                         average_buffers=parts.average_buffers,
                         average_momentum=parts.average_momentum,
                         peers_per_step=parts.peers_per_step, device=plan.device, **kw)
-    parts.apply_state_sync(engine.comm)
+    parts.apply_state_sync(engine.comm, engine.driver)
     return engine
 
 

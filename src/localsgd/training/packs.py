@@ -56,7 +56,7 @@ PER_RUN = frozenset({
     "compression_feedback", "compression_density", "slowmo_frequency", "slowmo_momentum",
     "slowmo_lr", "gossip", "peers_per_step",
     # how a run is computed, not what: the pack decides (batched, packed on CUDA)
-    "batched", "packed", "host_threads", "loader_workers"})
+    "batched", "packed", "host_threads", "loader_workers", "check_consistency"})
 
 
 def check_packable(cfgs: Sequence[TrainConfig]) -> None:

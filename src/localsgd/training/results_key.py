@@ -40,6 +40,8 @@ NOT_IN_KEY = {
                   "per image and the sums are taken over the same images in order",
     "loader_workers": "processes decoding streamed images: the crops are seeded per image "
                       "(`localsgd.data.SeededItems`), so the batches are the same",
+    "check_consistency": "a check of the workers' parameters at the start and after world-wide "
+                         "averages: it raises or leaves the run as it was",
     "host_threads": "threads the sequential engine spreads its replicas over: the same bits on "
                     "one core or several (tests/test_replicas.py)",
 }
