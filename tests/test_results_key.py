@@ -50,7 +50,7 @@ def _other(field: dataclasses.Field, cfg: TrainConfig):
     if value is None:
         return {"n_train": 100, "n_test": 100, "block_size": 2, "global_momentum": 0.5,
                 "slowmo_frequency": 4, "worker_local_steps": (2, 1, 2, 1),
-                "resolution": 16}[field.name]
+                "resolution": 16, "qsr_alpha": 0.5}[field.name]
     if field.name not in OTHER_STRING:
         pytest.fail(f"TrainConfig.{field.name}: add a valid non-default value to OTHER_STRING")
     return OTHER_STRING[field.name]
@@ -72,7 +72,7 @@ def test_every_field_that_can_change_results_is_in_the_key():
              "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}
     assert set(using) == set(UNUSED_WHEN)
     # streaming fragments and per-worker H run on a flat topology only
-    needs = {"fragments": FLAT, "worker_local_steps": FLAT}
+    needs = {"fragments": FLAT, "worker_local_steps": FLAT, "qsr_alpha": FLAT}
     for field in dataclasses.fields(TrainConfig):
         here = dataclasses.replace(base, **using.get(field.name, needs.get(field.name, {})))
         changed = dataclasses.replace(here, **{field.name: _other(field, here)})

@@ -29,19 +29,43 @@ Sec. 3.1-3.2, Eq. (3)-(5), Algorithms 1-2. Hierarchy rules: PyTorch hierarchical
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from localsgd.topology import Topology, check_int
 
 __all__ = ["Action", "Communicator", "ConsistencyError", "OuterStep", "Streaming", "SyncDriver",
-           "SyncSchedule"]
+           "SyncSchedule", "qsr_rounds"]
 
 
 # --------------------------------------------------------------------------------------------
 # Schedule
 # --------------------------------------------------------------------------------------------
+
+
+def qsr_rounds(lr: Callable[[int], float], alpha: float, base: int, updates: int,
+               start: int = 0) -> tuple[int, ...]:
+    """Round lengths by the quadratic synchronization rule (QSR; Gu, Lyu, Arora, Zhang, Huang,
+    ICLR 2024): the round that starts after update ``start + s`` lasts H = max(``base``,
+    floor((``alpha`` / lr)^2)) updates, lr the learning rate of its first update (``lr(i)`` of
+    the 0-based iteration i), so H grows as the learning rate decays (H ∝ 1/η²), up to the run's
+    ``updates``. For `SyncSchedule`'s ``rounds``."""
+    check_int("QSR base H", base, 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not (
+            0.0 < alpha < float("inf")):
+        raise ValueError(f"QSR alpha={alpha!r}: must be a number > 0 (H = (alpha / lr)^2)")
+    rounds, s = [], start
+    while s < updates:
+        eta = lr(s)
+        if not eta > 0:
+            raise ValueError(f"QSR needs a learning rate > 0; lr({s}) = {eta!r}")
+        # 1e-9: a decayed lr is 0.010000000000000002, and 399.99999999999994 means 400
+        h = max(base, math.floor((alpha / eta) ** 2 * (1 + 1e-9)))
+        rounds.append(h)
+        s += h
+    return tuple(rounds) or (base,)
 
 
 class Action(NamedTuple):
@@ -144,6 +168,9 @@ class SyncSchedule:
       the local phase and is idle for the rest (``Action.idle``: its batch is computed, its
       update not applied), as a slower worker makes fewer steps between the same averages.
     * **Streaming fragments** (``streaming``): see `Streaming`.
+    * **Explicit rounds** (``rounds``, beyond the sources; flat local SGD): the local phase's
+      i-th round lasts ``rounds[i]`` updates and ends with the global average, the last length
+      repeating; `qsr_rounds` writes them by Gu et al.'s quadratic synchronization rule.
 
     ``torch_compat`` reproduces torch.distributed's model averagers exactly (they count
     ``s = t - 1`` from 0, incremented after each ``average_parameters`` call):
@@ -177,6 +204,7 @@ class SyncSchedule:
     warmup_mode: Literal["gradients", "models"] = "gradients"
     streaming: Streaming | None = None
     worker_steps: tuple[int, ...] | None = None
+    rounds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, Topology):
@@ -236,6 +264,30 @@ class SyncSchedule:
             self._check_streaming()
         if self.worker_steps is not None:
             self._check_worker_steps()
+        if self.rounds is not None:
+            self._check_rounds()
+
+    def _check_rounds(self) -> None:
+        if not isinstance(self.rounds, tuple | list) or not self.rounds:
+            raise ValueError(f"rounds={self.rounds!r}: a non-empty list of round lengths")
+        object.__setattr__(self, "rounds", tuple(self.rounds))
+        for i, h in enumerate(self.rounds):
+            check_int(f"rounds[{i}]", h, 1)
+        clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
+                 "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
+                 "worker_steps": self.worker_steps, "an int outer_period": isinstance(
+                     self.outer_period, int) and not isinstance(self.outer_period, bool),
+                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
+                 "post_local_gradient_allreduce": self.grad_level is not None}
+        bad = [k for k, v in clash.items() if v]
+        if bad:
+            raise ValueError(f"rounds (explicit round lengths) run flat local SGD: not with "
+                             f"{bad[0]}")
+        ends, s = [], 0
+        for h in self.rounds:
+            s += h
+            ends.append(s)
+        object.__setattr__(self, "_round_ends", frozenset(ends))
 
     def _check_worker_steps(self) -> None:
         steps = self.worker_steps
@@ -341,6 +393,11 @@ class SyncSchedule:
             s, period = t - w, self.topology.levels[0].period
             return Action(t, fragment=self.streaming.launched(s, period),
                           merge=self.streaming.merged(s, period))
+        if self.rounds is not None:  # explicit rounds: the world averages where one ends
+            s, last = t - w, sum(self.rounds)
+            due = s in self._round_ends or (s > last and (s - last) % self.rounds[-1] == 0)
+            level = top if due else None
+            return Action(t, level=level, outer=due and self.outer_period == "global")
         averaged = self._averaged_levels()
         if epoch_end and averaged:  # close the epoch's last round: phases restart next epoch
             level = averaged[-1]

@@ -152,22 +152,14 @@ class Scheme:
         return cls("schedule", name=name, schedule=schedule)
 
     @classmethod
-    def from_train_config(cls, cfg, steps_per_epoch: int, name: str = "") -> Scheme:
-        """What ``python -m localsgd.training.runner`` runs for a `TrainConfig`: the same
-        `SyncSchedule` that `localsgd.training.loop.train` builds (``steps_per_epoch`` = per-worker
-        share of the data // local_batch, as `localsgd.training.loop.update_counts` computes it)."""
-        schedule = SyncSchedule(  # mirrors localsgd.training.loop.train's construction
-            cfg.topology(),
-            warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),
-            local_step_warmup_epochs=cfg.local_step_warmup_epochs,
-            steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
-            outer_period="global" if cfg.momentum_scheme in ("global", "hybrid") else None,
-            post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
-            streaming=(Streaming(cfg.fragments, cfg.overlap_steps, cfg.fragment_mixing)
-                       if cfg.fragments else None),
-            worker_steps=cfg.worker_local_steps,
-        )
-        return cls.from_schedule(schedule, name=name or "train config")
+    def from_train_config(cls, cfg, steps_per_epoch: int, name: str = "", lr=None,
+                          updates: int | None = None) -> Scheme:
+        """What ``python -m localsgd.training.runner`` runs for a `TrainConfig`: the
+        `SyncSchedule` `localsgd.training.loop.train` builds (`TrainConfig.sync_schedule`;
+        ``steps_per_epoch`` = per-worker share of the data // local_batch, as
+        `localsgd.training.loop.update_counts` computes it; ``lr`` and ``updates`` for QSR)."""
+        return cls.from_schedule(cfg.sync_schedule(steps_per_epoch, lr, updates),
+                                 name=name or "train config")
 
     @classmethod
     def parse(cls, text: str) -> Scheme:

@@ -153,6 +153,12 @@ class TrainConfig:
     fragment_mixing: float = 0.0
     """With ``fragments``: α, the share of its own fragment each worker keeps at a merge (0, the
     source's default, takes the global value)."""
+    qsr_alpha: float | None = None
+    """The quadratic synchronization rule (beyond the sources; Gu et al., ICLR 2024,
+    `localsgd.schedule.qsr_rounds`): each round of flat local SGD lasts H = max(``local_steps``,
+    floor((alpha / lr)^2)) updates, lr the learning rate at its start, so H grows as the lr
+    decays. None: every round lasts ``local_steps``. Not with a hierarchy, gossip, SlowMo,
+    fragments, per-worker H or the local-step warm-up."""
     worker_local_steps: tuple[int, ...] | None = None
     """Per-worker H for heterogeneous workers (beyond the sources; `SyncSchedule.worker_steps`):
     one H_k <= ``local_steps`` per worker; a round still ends with the global average every
@@ -330,6 +336,18 @@ class TrainConfig:
                 raise ValueError(f"worker_local_steps (per-worker H) runs rounds of flat local "
                                  f"SGD: not with {name}={value!r}")
             schedule.SyncSchedule(self.topology(), worker_steps=self.worker_local_steps)
+        if self.qsr_alpha is not None:
+            a = self.qsr_alpha
+            if isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a < float("inf"):
+                raise ValueError(f"qsr_alpha={a!r}: must be a number > 0 (H = (alpha / lr)^2) "
+                                 "or None")
+            clash = {name: getattr(self, name) for name in (
+                "block_size", "gossip", "slowmo_frequency", "local_step_warmup_epochs",
+                "fragments", "worker_local_steps") if getattr(self, name) not in (None, False, 0)}
+            if clash:
+                name, value = next(iter(clash.items()))
+                raise ValueError(f"qsr_alpha (QSR's growing H) runs rounds of flat local SGD: "
+                                 f"not with {name}={value!r}")
         if self.block_gradient_allreduce and self.topology().num_levels < 2:
             raise ValueError(
                 "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
@@ -360,6 +378,31 @@ class TrainConfig:
     def topology(self) -> Topology:
         return Topology.from_paper(self.world_size, self.local_steps, self.block_size,
                                    self.block_steps)
+
+    def sync_schedule(self, steps_per_epoch: int, lr: Any = None,
+                      updates: int | None = None) -> schedule.SyncSchedule:
+        """The run's `SyncSchedule` (Algorithm 2 with the post-local and local-step warm-ups,
+        the outer period of block momentum or SlowMo, SGP, streaming, per-worker H, QSR's
+        rounds), the one construction every engine and the timing model read. ``lr`` (the run's
+        learning rate by 0-based iteration) and ``updates`` (its total) only QSR needs."""
+        warmup = round(self.post_local_warmup_epochs * steps_per_epoch)
+        rounds = None
+        if self.qsr_alpha is not None:
+            if lr is None or updates is None:
+                raise ValueError("qsr_alpha needs the run's learning-rate schedule and its "
+                                 "number of updates to plan its rounds")
+            rounds = schedule.qsr_rounds(lr, self.qsr_alpha, self.local_steps, updates, warmup)
+        return schedule.SyncSchedule(
+            self.topology(), warmup_steps=warmup,
+            local_step_warmup_epochs=self.local_step_warmup_epochs,
+            steps_per_epoch=steps_per_epoch if self.local_step_warmup_epochs else None,
+            outer_period=("global" if self.momentum_scheme in ("global", "hybrid")
+                          else self.slowmo_frequency),
+            post_local_gradient_allreduce=0 if self.block_gradient_allreduce else False,
+            gossip=self.gossip,
+            streaming=(schedule.Streaming(self.fragments, self.overlap_steps,
+                                          self.fragment_mixing) if self.fragments else None),
+            worker_steps=self.worker_local_steps, rounds=rounds)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -53,7 +53,7 @@ from localsgd.engines.ddp import DDPEngine
 from localsgd.engines.replicas import ReplicaEngine
 from localsgd.lr import LRSchedule, milestones_from_fractions, warmup_iterations
 from localsgd.outer import OuterUpdate
-from localsgd.schedule import Streaming, SyncSchedule
+from localsgd.schedule import SyncSchedule
 from localsgd.training.batch_sources import (
     MemoryBatches,
     StreamedBatches,
@@ -140,19 +140,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
     steps_per_epoch, _ = update_counts(cfg, n_train)
     lrs = lr_schedule(cfg, n_train)
     dtype = getattr(torch, cfg.dtype)
-    schedule = SyncSchedule(
-        cfg.topology(),
-        warmup_steps=round(cfg.post_local_warmup_epochs * steps_per_epoch),
-        local_step_warmup_epochs=cfg.local_step_warmup_epochs,
-        steps_per_epoch=steps_per_epoch if cfg.local_step_warmup_epochs else None,
-        outer_period=("global" if cfg.momentum_scheme in ("global", "hybrid")
-                      else cfg.slowmo_frequency),
-        post_local_gradient_allreduce=0 if cfg.block_gradient_allreduce else False,
-        gossip=cfg.gossip,
-        streaming=(Streaming(cfg.fragments, cfg.overlap_steps, cfg.fragment_mixing)
-                   if cfg.fragments else None),
-        worker_steps=cfg.worker_local_steps,
-    )
+    schedule = cfg.sync_schedule(steps_per_epoch, lrs, update_counts(cfg, n_train)[1])
     local_m = cfg.momentum if cfg.momentum_scheme in ("local", "hybrid") else 0.0
     global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum
     outer = None
