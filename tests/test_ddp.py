@@ -46,6 +46,10 @@ SCENARIOS = {
     "buffers_broadcast": dataclasses.replace(BASE, broadcast_buffers=True),
     # beyond the sources: every average as int8 codes of the change since the group's last one
     "int8_averages": dataclasses.replace(BASE, average_compression="int8"),
+    # beyond the sources: workers leaving and rejoining on the seed's trace (flat, H = 4; half
+    # the workers but worker 0 leave each round, for 1.5 rounds on average)
+    "churn": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,
+                                 churn_rate=0.5, churn_away_rounds=1.5),
     # beyond the sources: random-k (5 % of the entries, indices seeded by the round) with error
     # feedback at both levels
     "randk_averages": dataclasses.replace(BASE, average_compression="randk",

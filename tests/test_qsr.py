@@ -24,6 +24,11 @@ def test_h_grows_as_the_learning_rate_decays():
     assert set(qsr_rounds(lr, alpha=0.001, base=2, updates=1000)) == {2}
     # a warm-up start counts rounds from there
     assert sum(qsr_rounds(lr, 0.2, 2, 1000, start=10)[:23]) == 92
+    # rounds that start inside the lr's warm-up keep the base H (a warm-up's small lr would
+    # otherwise give a first round of (alpha / start lr)^2)
+    warm = LRSchedule(peak_lr=0.1, warmup_iters=20, start_lr=0.001, milestones=(100,))
+    assert qsr_rounds(warm, 0.2, 2, 1000, lr_warmup=20)[:11] == (2,) * 10 + (4,)
+    assert qsr_rounds(warm, 0.2, 2, 1000)[0] == 40000
 
 
 def test_the_world_averages_where_a_round_ends_and_the_last_length_repeats():

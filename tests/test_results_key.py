@@ -69,10 +69,12 @@ def test_every_field_that_can_change_results_is_in_the_key():
              "slowmo_momentum": {"slowmo_frequency": 4}, "slowmo_lr": {"slowmo_frequency": 4},
              "compression_feedback": {"average_compression": "int8"},
              "compression_density": {"average_compression": "topk"},
+             "churn_away_rounds": {"churn_rate": 0.5, **FLAT},
              "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}
     assert set(using) == set(UNUSED_WHEN)
     # streaming fragments and per-worker H run on a flat topology only
-    needs = {"fragments": FLAT, "worker_local_steps": FLAT, "qsr_alpha": FLAT}
+    needs = {"fragments": FLAT, "worker_local_steps": FLAT, "qsr_alpha": FLAT,
+             "churn_rate": FLAT}
     for field in dataclasses.fields(TrainConfig):
         here = dataclasses.replace(base, **using.get(field.name, needs.get(field.name, {})))
         changed = dataclasses.replace(here, **{field.name: _other(field, here)})

@@ -109,37 +109,41 @@ def test_error_feedback_sends_everything_later(fmt):
     assert float((sent_plain - exact).abs().max()) > 0.5 * rounds * 0.01
 
 
+# every sparse format in blocks of 64, and chunk-topk in blocks of 512 (int16 indices)
+GATHERED = [(fmt, 64) for fmt in sp.SPARSE_FORMATS] + [("chunk-topk", 512)]
+
+
 def _gathered(rank: int, world: int):
     out = {}
-    for fmt in sp.SPARSE_FORMATS:  # one process group for all: a spawn costs seconds
+    for fmt, block in GATHERED:  # one process group for all: a spawn costs seconds
         g = torch.Generator().manual_seed(100 + rank)  # every rank its own values
         values = [torch.randn(1000, generator=g) for _ in range(3)]
-        ef = cp.ErrorFeedback(fmt, block=64, density=0.03)
+        ef = cp.ErrorFeedback(fmt, block=block, density=0.03)
         avgs, sent = [], []
         for x in values:  # three rounds: random-k's indices and the residuals move on
             y = [x[:600].reshape(20, 30).clone(), x[600:].clone()]
-            sent.append(cp.compressed_average(y, fmt, block=64, density=0.03, feedback=ef))
+            sent.append(cp.compressed_average(y, fmt, block=block, density=0.03, feedback=ef))
             avgs.append(torch.cat([t.reshape(-1) for t in y]))
-        out[fmt] = (values, avgs, sent)
+        out[fmt, block] = (values, avgs, sent)
     return out
 
 
 def test_the_all_gather_over_four_processes_is_the_replica_engines_average():
     ranks = spawn(_gathered, 4)
-    for fmt in sp.SPARSE_FORMATS:
-        res = [r[fmt] for r in ranks]
+    for fmt, block in GATHERED:
+        res = [r[fmt, block] for r in ranks]
         for _, out, sent in res[1:]:  # every rank ends with bitwise the same average
             assert all(torch.equal(a, b) for a, b in zip(out, res[0][1], strict=True)), fmt
             assert sent == res[0][2]
         # mean_of_rows, what the replica engines compute in one process, gives the same bits
-        fbs = [cp.ErrorFeedback(fmt, block=64, density=0.03) for _ in range(4)]
+        fbs = [cp.ErrorFeedback(fmt, block=block, density=0.03) for _ in range(4)]
         for i in range(3):
             rows = torch.stack([r[0][i] for r in res])
-            assert torch.equal(cp.mean_of_rows(rows, fmt, 64, fbs), res[0][1][i]), (fmt, i)
+            assert torch.equal(cp.mean_of_rows(rows, fmt, block, fbs), res[0][1][i]), (fmt, i)
         # bytes: P - 1 messages out, what wire_bytes prices as an all-reduce of P m / 2 bytes
-        m = sp.message_bytes(1000, fmt, 64, 0.03)
+        m = sp.message_bytes(1000, fmt, block, 0.03)
         assert res[0][2] == [3 * m] * 3, fmt
-        assert cp.wire_bytes(1000, fmt, 4, 64, 0.03) == 2 * m
+        assert cp.wire_bytes(1000, fmt, 4, block, 0.03) == 2 * m
 
 
 def test_the_timing_model_prices_the_all_gather():
@@ -174,6 +178,12 @@ def test_bad_sparse_settings_are_one_line():
             cp.encode(torch.ones(4), "topk", density=bad)
         with pytest.raises(ValueError, match=r"compression_density=.*: must be a fraction"):
             TrainConfig(average_compression="topk", compression_density=bad)
+    # random-k's indices come from the run's seed and the level: another seed, other entries
+    draws = [cp.Compression("randk", density=0.1, seed=s).new_feedback(lv).encode("a",
+             torch.ones(500)) for s, lv in ((0, 0), (0, 1), (1, 0), (0, 0))]
+    picked = [cp.decode(d) != 0 for d in draws]
+    assert torch.equal(picked[0], picked[3]) and not torch.equal(picked[0], picked[1])
+    assert not torch.equal(picked[0], picked[2])
     with pytest.raises(ValueError, match="block=65536: sparse codes index within blocks"):
         cp.Compression("chunk-topk", block=65536)
     with pytest.raises(ValueError, match=r"feedback encodes topk .*density 0.01.*density 0.5"):

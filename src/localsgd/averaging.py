@@ -312,14 +312,27 @@ class DistributedCommunicator:
         return [int(g) for g in got]
 
     @torch.no_grad()
-    def average(self, level: int) -> None:
+    def average(self, level: int, absent: tuple[int, ...] = ()) -> None:
         """Average parameters (+ buffers, optimizer state) inside this rank's group of
-        ``level`` (eq. 4/5). After gossip the push-sum numerators and weights are averaged."""
+        ``level`` (eq. 4/5). After gossip the push-sum numerators and weights are averaged.
+        With ``absent`` (churn, the world level): the mean of the ranks present, which every
+        rank takes (an absent rank adds zeros to the sum)."""
         group = self.groups[level]
         size = self.topology.levels[level].group_size
+        flat = self.flat_params()
+        if absent:
+            if size != self.world_size or self.compression is not None or self.average_buffers \
+                    or self.average_momentum or self.broadcast_buffers or self._gossiped:
+                raise ValueError("a churn average (workers absent) is a world-wide average of "
+                                 "the parameters alone: not with compression, gossip or "
+                                 "averaged buffers / state")
+            if self.rank in absent:
+                flat.zero_()
+            dist.all_reduce(flat, group=group)
+            flat.div_(self.world_size - len(absent))
+            return
         if size == 1:
             return
-        flat = self.flat_params()
         jobs = []
         if self.compression is not None:
             self._compressed_mean(level, group)
@@ -478,7 +491,7 @@ class DistributedCommunicator:
         self.compression = compression
         start = torch.cat([p.detach().reshape(-1) for p in self.params])
         self._comp_refs = {lv: start.clone() for lv in range(self.topology.num_levels)}
-        self._comp_feedback = {lv: compression.new_feedback()
+        self._comp_feedback = {lv: compression.new_feedback(lv)
                                for lv in range(self.topology.num_levels)}
 
     def _compressed_mean(self, level: int, group: dist.ProcessGroup) -> None:

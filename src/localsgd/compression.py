@@ -166,9 +166,10 @@ class ErrorFeedback:
     random-k's indices (`localsgd.sparse.round_seed`): one per worker, all in step."""
 
     def __init__(self, fmt: str, block: int = BLOCK, *, density: float = DENSITY,
-                 carry: bool = True) -> None:
+                 carry: bool = True, salt: Hashable = None) -> None:
         _check(fmt, block, density)
         self.fmt, self.block, self.density, self.carry = fmt, block, density, carry
+        self.salt = salt  # folded into random-k's seed: a run seed and level draw their own
         self.residuals: dict[Hashable, torch.Tensor] = {}
         self.rounds: dict[Hashable, int] = {}
 
@@ -176,17 +177,16 @@ class ErrorFeedback:
         value = x.detach().to(torch.float32)
         round_ = self.rounds.get(key, 0)
         self.rounds[key] = round_ + 1
+        seed = round_seed(key if self.salt is None else (self.salt, key), round_)
         if not self.carry:
-            return encode(value, self.fmt, self.block, density=self.density,
-                          seed=round_seed(key, round_))
+            return encode(value, self.fmt, self.block, density=self.density, seed=seed)
         if key in self.residuals:
             if self.residuals[key].shape != value.shape:
                 raise ValueError(f"error feedback {key!r}: a value of shape {tuple(value.shape)} "
                                  f"after one of {tuple(self.residuals[key].shape)}; use one key "
                                  "per tensor")
             value = value + self.residuals[key]
-        e = encode(value, self.fmt, self.block, density=self.density,
-                   seed=round_seed(key, round_))
+        e = encode(value, self.fmt, self.block, density=self.density, seed=seed)
         self.residuals[key] = value - decode(e)
         return e
 
@@ -211,13 +211,16 @@ class Compression:
     block: int = BLOCK
     feedback: bool = True
     density: float = DENSITY
+    seed: int = 0  # the run's: random-k's indices differ from run to run
 
     def __post_init__(self) -> None:
         _check(self.fmt, self.block, self.density)
 
-    def new_feedback(self) -> ErrorFeedback:
-        """One worker's codec state at one level: residuals when ``feedback``, rounds always."""
-        return ErrorFeedback(self.fmt, self.block, density=self.density, carry=self.feedback)
+    def new_feedback(self, level: int) -> ErrorFeedback:
+        """One worker's codec state at ``level``: residuals when ``feedback``, rounds always;
+        random-k's indices are drawn from the run's seed, the level and the round."""
+        return ErrorFeedback(self.fmt, self.block, density=self.density, carry=self.feedback,
+                             salt=(self.seed, level))
 
 
 def _padded(n: int, world: int, block: int) -> int:
@@ -317,9 +320,11 @@ def _gathered_average(mine: SparseCodes, world: int,
     parts = {}
     for name in ("indices", "values", "scales"):
         t = getattr(mine, name)
-        if t is not None:
-            parts[name] = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(parts[name], t.contiguous(), group=group)
+        if t is not None:  # as bytes: gloo and NCCL gather no int16 (chunk-topk's wide blocks)
+            raw = t.contiguous().view(torch.uint8)
+            got = [torch.empty_like(raw) for _ in range(world)]
+            dist.all_gather(got, raw, group=group)
+            parts[name] = [g.view(t.dtype) for g in got]
     acc = torch.zeros(mine.numel, dtype=torch.float32, device=mine.values.device)
     for r in range(world):
         codes = {name: (parts[name][r] if name in parts else None)

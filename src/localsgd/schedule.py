@@ -30,6 +30,7 @@ Sec. 3.1-3.2, Eq. (3)-(5), Algorithms 1-2. Hierarchy rules: PyTorch hierarchical
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
@@ -37,7 +38,7 @@ from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 from localsgd.topology import Topology, check_int
 
 __all__ = ["Action", "Communicator", "ConsistencyError", "OuterStep", "Streaming", "SyncDriver",
-           "SyncSchedule", "qsr_rounds"]
+           "SyncSchedule", "churn_trace", "qsr_rounds"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -45,13 +46,42 @@ __all__ = ["Action", "Communicator", "ConsistencyError", "OuterStep", "Streaming
 # --------------------------------------------------------------------------------------------
 
 
+def churn_trace(workers: int, rounds: int, leave_rate: float, away_rounds: float,
+                seed: int) -> tuple[tuple[int, int, int], ...]:
+    """A seeded trace of workers leaving and rejoining for `SyncSchedule`'s ``away``: at each of
+    ``rounds`` rounds every worker present but worker 0 (who always stays, so every round has an
+    average) leaves with probability ``leave_rate`` for a geometric number of rounds of mean
+    ``away_rounds`` (>= 1). The same arguments give the same trace on every machine."""
+    check_int("churn workers", workers, 1)
+    check_int("churn rounds", rounds, 0)
+    if not 0.0 <= leave_rate <= 1.0:
+        raise ValueError(f"churn leave_rate={leave_rate!r}: must be a probability in [0, 1]")
+    if not away_rounds >= 1.0:
+        raise ValueError(f"churn away_rounds={away_rounds!r}: must be >= 1 (rounds a worker "
+                         "stays away, on average)")
+    rng = random.Random(seed)
+    back = [0] * workers  # the first round worker w is present again
+    trace = []
+    for r in range(1, rounds + 1):
+        for w in range(1, workers):
+            if back[w] <= r and rng.random() < leave_rate:
+                length = 1
+                while rng.random() >= 1.0 / away_rounds:  # geometric, mean away_rounds
+                    length += 1
+                trace.append((w, r, min(rounds, r + length - 1)))
+                back[w] = r + length
+    return tuple(trace)
+
+
 def qsr_rounds(lr: Callable[[int], float], alpha: float, base: int, updates: int,
-               start: int = 0) -> tuple[int, ...]:
+               start: int = 0, lr_warmup: int = 0) -> tuple[int, ...]:
     """Round lengths by the quadratic synchronization rule (QSR; Gu, Lyu, Arora, Zhang, Huang,
     ICLR 2024): the round that starts after update ``start + s`` lasts H = max(``base``,
     floor((``alpha`` / lr)^2)) updates, lr the learning rate of its first update (``lr(i)`` of
     the 0-based iteration i), so H grows as the learning rate decays (H ∝ 1/η²), up to the run's
-    ``updates``. For `SyncSchedule`'s ``rounds``."""
+    ``updates``; rounds that start inside the lr's warm-up (``lr_warmup`` iterations) last
+    ``base``, as Gu et al.'s code keeps its initial H there (a warm-up starts from a small lr).
+    For `SyncSchedule`'s ``rounds``."""
     check_int("QSR base H", base, 1)
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not (
             0.0 < alpha < float("inf")):
@@ -62,7 +92,7 @@ def qsr_rounds(lr: Callable[[int], float], alpha: float, base: int, updates: int
         if not eta > 0:
             raise ValueError(f"QSR needs a learning rate > 0; lr({s}) = {eta!r}")
         # 1e-9: a decayed lr is 0.010000000000000002, and 399.99999999999994 means 400
-        h = max(base, math.floor((alpha / eta) ** 2 * (1 + 1e-9)))
+        h = base if s < lr_warmup else max(base, math.floor((alpha / eta) ** 2 * (1 + 1e-9)))
         rounds.append(h)
         s += h
     return tuple(rounds) or (base,)
@@ -80,6 +110,7 @@ class Action(NamedTuple):
     fragment: int | None = None  # streaming: fragment whose average is launched after update t
     merge: int | None = None  # streaming: fragment whose launched average is applied after t
     idle: tuple[int, ...] = ()  # workers whose update t is not applied (their own H is spent)
+    absent: tuple[int, ...] = ()  # churn: workers away this round, left out of its average
 
 
 @dataclass(frozen=True)
@@ -168,6 +199,12 @@ class SyncSchedule:
       the local phase and is idle for the rest (``Action.idle``: its batch is computed, its
       update not applied), as a slower worker makes fewer steps between the same averages.
     * **Streaming fragments** (``streaming``): see `Streaming`.
+    * **Churn** (``away``, beyond the sources; flat local SGD, as torchft and prime let workers
+      leave and rejoin): ``(worker, first, last)`` takes the worker out for rounds ``first`` ..
+      ``last`` of the local phase (1-based, H updates each): it is idle there (``Action.idle``)
+      and left out of those rounds' world averages (``Action.absent``: the mean is over the
+      workers present), and since every worker takes the average, it rejoins from the group's
+      average. `churn_trace` draws such a trace from a seed.
     * **Explicit rounds** (``rounds``, beyond the sources; flat local SGD): the local phase's
       i-th round lasts ``rounds[i]`` updates and ends with the global average, the last length
       repeating; `qsr_rounds` writes them by Gu et al.'s quadratic synchronization rule.
@@ -205,6 +242,7 @@ class SyncSchedule:
     streaming: Streaming | None = None
     worker_steps: tuple[int, ...] | None = None
     rounds: tuple[int, ...] | None = None
+    away: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, Topology):
@@ -266,6 +304,49 @@ class SyncSchedule:
             self._check_worker_steps()
         if self.rounds is not None:
             self._check_rounds()
+        if self.away is not None:
+            self._check_away()
+
+    def _check_away(self) -> None:
+        k = self.topology.world_size
+        try:
+            away = tuple(tuple(int(v) for v in iv) for iv in self.away)
+        except (TypeError, ValueError):
+            away = ()
+        if not away or any(len(iv) != 3 for iv in away):
+            raise ValueError(f"away={self.away!r}: a non-empty list of (worker, first round, last "
+                             "round) triples")
+        for w, first, last in away:
+            if not 0 <= w < k:
+                raise ValueError(f"away: worker {w} does not exist (world_size {k}: workers 0 .. "
+                                 f"{k - 1})")
+            if not 1 <= first <= last:
+                raise ValueError(f"away: worker {w}'s rounds {first} .. {last}: need 1 <= first "
+                                 "<= last (rounds of the local phase count from 1)")
+        object.__setattr__(self, "away", away)
+        clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
+                 "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
+                 "worker_steps": self.worker_steps, "rounds": self.rounds,
+                 "an int outer_period": isinstance(self.outer_period, int)
+                 and not isinstance(self.outer_period, bool),
+                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
+                 "post_local_gradient_allreduce": self.grad_level is not None}
+        bad = [name for name, v in clash.items() if v]
+        if bad:
+            raise ValueError(f"away (churn) runs rounds of flat local SGD: not with {bad[0]}")
+        rounds = {r for _, first, last in away for r in range(first, last + 1)}
+        for r in sorted(rounds):
+            if len({w for w, first, last in away if first <= r <= last}) == k:
+                raise ValueError(f"away: every worker is away in round {r}; at least one must "
+                                 "stay to average")
+
+    def absent_in(self, t: int) -> tuple[int, ...]:
+        """Workers away (``away``) during local update ``t``, in order."""
+        s = t - self.warmup_steps
+        if self.away is None or s < 1:
+            return ()
+        r = (s - 1) // self.topology.levels[0].period + 1
+        return tuple(sorted({w for w, first, last in self.away if first <= r <= last}))
 
     def _check_rounds(self) -> None:
         if not isinstance(self.rounds, tuple | list) or not self.rounds:
@@ -275,7 +356,8 @@ class SyncSchedule:
             check_int(f"rounds[{i}]", h, 1)
         clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
                  "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
-                 "worker_steps": self.worker_steps, "an int outer_period": isinstance(
+                 "worker_steps": self.worker_steps, "away": self.away,
+                 "an int outer_period": isinstance(
                      self.outer_period, int) and not isinstance(self.outer_period, bool),
                  "local_step_warmup_epochs": self.local_step_warmup_epochs,
                  "post_local_gradient_allreduce": self.grad_level is not None}
@@ -288,6 +370,7 @@ class SyncSchedule:
             s += h
             ends.append(s)
         object.__setattr__(self, "_round_ends", frozenset(ends))
+        object.__setattr__(self, "_rounds_total", s)
 
     def _check_worker_steps(self) -> None:
         steps = self.worker_steps
@@ -394,7 +477,7 @@ class SyncSchedule:
             return Action(t, fragment=self.streaming.launched(s, period),
                           merge=self.streaming.merged(s, period))
         if self.rounds is not None:  # explicit rounds: the world averages where one ends
-            s, last = t - w, sum(self.rounds)
+            s, last = t - w, self._rounds_total
             due = s in self._round_ends or (s > last and (s - last) % self.rounds[-1] == 0)
             level = top if due else None
             return Action(t, level=level, outer=due and self.outer_period == "global")
@@ -403,10 +486,13 @@ class SyncSchedule:
             level = averaged[-1]
         else:
             level = self._due_level(t, origin, cap)
-        idle = ()
+        idle = absent = ()
         if self.worker_steps is not None:  # worker k updates in the first H_k steps of a round
             place = (t - origin - 1) % self.topology.levels[-1].period
             idle = tuple(k for k, h in enumerate(self.worker_steps) if place >= h)
+        if self.away is not None:  # churn: away for the round, left out of its average
+            idle = self.absent_in(t)
+            absent = idle if level == top else ()
         outer = False
         if self.outer_period == "global":
             outer = level == top
@@ -414,7 +500,7 @@ class SyncSchedule:
             outer, level = True, top
         gossip = self.gossip and level is None
         return Action(t, level=level, allreduce_grads_level=self.grad_level, outer=outer,
-                      gossip=gossip, idle=idle)
+                      gossip=gossip, idle=idle, absent=absent)
 
     def _torch_action(self, t: int) -> Action:
         s, w = t - 1, self.warmup_steps
@@ -467,8 +553,10 @@ class Communicator(Protocol):
 
     world_size: int
 
-    def average(self, level: int) -> None:
-        """Average parameters (and configured buffers) inside each group of `level`."""
+    def average(self, level: int, absent: tuple[int, ...] = ()) -> None:
+        """Average parameters (and configured buffers) inside each group of `level`; with
+        ``absent`` (churn, the world level only) the mean of the other workers, which every
+        worker takes."""
 
     def allreduce_grads(self, level: int) -> None:
         """Average gradients inside each group of `level` (before the optimizer step)."""
@@ -569,7 +657,9 @@ class SyncDriver:
         a = self.schedule.action(self.t)
         if a.gossip:
             self.comm.gossip(self.t)
-        if a.level is not None:
+        if a.absent:  # churn: the mean of the workers present, which every worker takes
+            self.comm.average(a.level, absent=a.absent)
+        elif a.level is not None:
             self.comm.average(a.level)
         if self.streaming is not None:
             if a.fragment is not None:

@@ -33,6 +33,7 @@ bytes per rank, what a ring all-reduce of P m / 2 bytes moves (`equivalent_bytes
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Hashable
@@ -156,8 +157,13 @@ def encode_sparse(x: torch.Tensor, fmt: str, block: int, density: float,
 
 
 def _random_positions(n: int, k: int, seed: int, device: torch.device) -> torch.Tensor:
+    return _drawn(n, k, seed).to(device)
+
+
+@functools.lru_cache(maxsize=8)  # an average decodes every rank's codes of one draw
+def _drawn(n: int, k: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)  # on the CPU: the same draw on every device
-    return torch.randperm(n, generator=g)[:k].sort().values.to(device)
+    return torch.randperm(n, generator=g)[:k].sort().values
 
 
 def decode_sparse(e: SparseCodes) -> torch.Tensor:

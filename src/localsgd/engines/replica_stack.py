@@ -217,7 +217,7 @@ class ReplicaCommunicator:
         self.compression = compression
         start = self.packed()
         self._comp_refs = {lv: start.clone() for lv in range(self.topology.num_levels)}
-        self._comp_feedback = {lv: [compression.new_feedback() for _ in range(self.world_size)]
+        self._comp_feedback = {lv: [compression.new_feedback(lv) for _ in range(self.world_size)]
                                for lv in range(self.topology.num_levels)}
 
     def _compressed_mean_(self, level: int, g: int) -> None:
@@ -307,9 +307,16 @@ class ReplicaCommunicator:
         return tensors[0] if self._stacked else tensors
 
     @torch.no_grad()
-    def average(self, level: int) -> None:
+    def average(self, level: int, absent: tuple[int, ...] = ()) -> None:
         self._check_aliasing()
         g = self.topology.levels[level].group_size
+        if absent:  # churn: every row takes the mean of the rows present
+            _check_churn(self, level, g)
+            present = torch.ones(self.world_size, dtype=self.flat.dtype, device=self.flat.device)
+            present[list(absent)] = 0
+            mean = (self.flat * present[:, None]).sum(0) / present.sum()
+            self.flat.copy_(mean.expand_as(self.flat))
+            return
         if g == 1:
             return
         if self.compression is not None:
@@ -438,6 +445,15 @@ class ReplicaCommunicator:
         self.gossiped = bool(state.get("gossiped", not torch.all(self.ps_weight == 1)))
         if self.compression is not None:
             _load_compression_state(state, self._comp_refs, self._comp_feedback)
+
+
+def _check_churn(comm, level: int, group_size: int) -> None:
+    """Churn's partial average is of the parameters alone, over the world (`SyncSchedule.away`;
+    `TrainConfig` refuses the rest in one line before any training)."""
+    if group_size != comm.world_size or comm.compression is not None or comm.average_buffers \
+            or comm.average_momentum or comm.broadcast_buffers:
+        raise ValueError("a churn average (workers absent) is a world-wide average of the "
+                         "parameters alone: not with compression or averaged buffers / state")
 
 
 def _compression_state(refs: dict, feedback: dict) -> dict:

@@ -270,7 +270,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     def ratio_at(group: int) -> float:  # sparse codes' all-gather grows with the group
         return wire_ratio(average_compression, density=compression_density, group=group)
 
-    ratio = ratio_at(workers)  # gossip, the slow-momentum all-gather, world-wide fragments
+    ratio = ratio_at(2)  # one rank's message: a gossip round, the slow-momentum all-gather
+    fragment_ratio = ratio_at(workers)  # fragments: averaged by the world
     gpn = cluster.gpus_per_node
     if workers % gpn and workers > gpn:
         raise ValueError(f"workers={workers} is not a whole number of nodes of "
@@ -327,7 +328,8 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
     # a streamed fragment: 1/P of the model averaged by the world (P from the plan: a "stream"
     # scheme or a schedule, e.g. `Scheme.from_train_config`, alike)
     fragment_cost = np.array([cluster.allreduce_seconds(
-        workers, avg_bytes / max(1, int(plan["fragment"].max())), workers) for plan in plans])
+        workers, nbytes * fragment_ratio / max(1, int(plan["fragment"].max())), workers)
+        for plan in plans])
     res = run_clocks(plans, work, grad_cost, avg_cost, gossip_cost, allgather_cost, steps, queue,
                      fragment_cost)
 
@@ -342,7 +344,7 @@ def simulate(schemes: Sequence[Scheme | str], *, workers: int, steps: int = 1000
                           for key in ("grad", "avg") for g in plan[key] if g > 1)
                       + model_mb * ratio * ((plan["gossip"] > 0).sum()
                                             + (workers - 1) / workers * plan["allgather"].sum())
-                      + sum(2 * (workers - 1) / workers * model_mb * ratio / p
+                      + sum(2 * (workers - 1) / workers * model_mb * fragment_ratio / p
                             for p in plan["fragment"] if p > 0))
         rows.append({
             "scheme": scheme.name, "kind": scheme.kind, "workers": workers,

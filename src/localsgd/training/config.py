@@ -159,6 +159,15 @@ class TrainConfig:
     floor((alpha / lr)^2)) updates, lr the learning rate at its start, so H grows as the lr
     decays. None: every round lasts ``local_steps``. Not with a hierarchy, gossip, SlowMo,
     fragments, per-worker H or the local-step warm-up."""
+    churn_rate: float = 0.0
+    """Workers leaving and rejoining (beyond the sources; `localsgd.schedule.churn_trace`, a trace
+    drawn from ``seed``): at each round of flat local SGD every worker but worker 0 leaves with
+    this probability; while away it is idle and left out of the world averages, and it rejoins
+    from the group's average. 0: nobody leaves. Exact averages of the parameters alone, on a flat
+    topology (not with compression, averaged or broadcast buffers or momentum, gossip, SlowMo,
+    fragments, per-worker H, QSR or the local-step warm-up)."""
+    churn_away_rounds: float = 2.0
+    """With ``churn_rate``: the mean number of rounds a worker stays away (geometric, >= 1)."""
     worker_local_steps: tuple[int, ...] | None = None
     """Per-worker H for heterogeneous workers (beyond the sources; `SyncSchedule.worker_steps`):
     one H_k <= ``local_steps`` per worker; a round still ends with the global average every
@@ -348,11 +357,33 @@ class TrainConfig:
                 name, value = next(iter(clash.items()))
                 raise ValueError(f"qsr_alpha (QSR's growing H) runs rounds of flat local SGD: "
                                  f"not with {name}={value!r}")
+        self._check_churn()
         if self.block_gradient_allreduce and self.topology().num_levels < 2:
             raise ValueError(
                 "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
                 f"world_size={self.world_size} below it and block_steps > 1 (got block_size="
                 f"{self.block_size}, block_steps={self.block_steps})")
+
+    def _check_churn(self) -> None:
+        for name, lo in (("churn_rate", 0.0), ("churn_away_rounds", 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v < float(
+                    "inf") or (name == "churn_rate" and v > 1):
+                raise ValueError(f"{name}={v!r}: must be "
+                                 + ("a probability in [0, 1]" if name == "churn_rate"
+                                    else "a number of rounds >= 1"))
+        if not self.churn_rate:
+            return
+        clash = {name: getattr(self, name) for name in (
+            "block_size", "gossip", "slowmo_frequency", "local_step_warmup_epochs", "fragments",
+            "worker_local_steps", "qsr_alpha", "average_buffers", "broadcast_buffers",
+            "average_momentum") if getattr(self, name) not in (None, False, 0)}
+        if self.average_compression != "fp32":
+            clash["average_compression"] = self.average_compression
+        if clash:
+            name, value = next(iter(clash.items()))
+            raise ValueError(f"churn_rate (workers leaving and rejoining) averages the "
+                             f"parameters alone over a flat topology: not with {name}={value!r}")
 
     def _check_streaming(self) -> None:
         f = self.fragments
@@ -383,15 +414,24 @@ class TrainConfig:
                       updates: int | None = None) -> schedule.SyncSchedule:
         """The run's `SyncSchedule` (Algorithm 2 with the post-local and local-step warm-ups,
         the outer period of block momentum or SlowMo, SGP, streaming, per-worker H, QSR's
-        rounds), the one construction every engine and the timing model read. ``lr`` (the run's
-        learning rate by 0-based iteration) and ``updates`` (its total) only QSR needs."""
+        rounds, churn's trace), the one construction every engine and the timing model read.
+        ``lr`` (the run's learning rate by 0-based iteration) only QSR needs, ``updates`` (its
+        total) QSR and churn."""
         warmup = round(self.post_local_warmup_epochs * steps_per_epoch)
         rounds = None
         if self.qsr_alpha is not None:
             if lr is None or updates is None:
                 raise ValueError("qsr_alpha needs the run's learning-rate schedule and its "
                                  "number of updates to plan its rounds")
-            rounds = schedule.qsr_rounds(lr, self.qsr_alpha, self.local_steps, updates, warmup)
+            rounds = schedule.qsr_rounds(lr, self.qsr_alpha, self.local_steps, updates, warmup,
+                                         getattr(lr, "warmup_iters", 0))
+        away = None
+        if self.churn_rate:
+            if updates is None:
+                raise ValueError("churn_rate needs the run's number of updates to draw its trace")
+            n = max(0, -(-(updates - warmup) // self.local_steps))  # rounds of the local phase
+            away = schedule.churn_trace(self.world_size, n, self.churn_rate,
+                                        self.churn_away_rounds, self.seed) or None
         return schedule.SyncSchedule(
             self.topology(), warmup_steps=warmup,
             local_step_warmup_epochs=self.local_step_warmup_epochs,
@@ -402,7 +442,7 @@ class TrainConfig:
             gossip=self.gossip,
             streaming=(schedule.Streaming(self.fragments, self.overlap_steps,
                                           self.fragment_mixing) if self.fragments else None),
-            worker_steps=self.worker_local_steps, rounds=rounds)
+            worker_steps=self.worker_local_steps, rounds=rounds, away=away)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -164,7 +164,7 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
                        cfg.seed, cfg.average_buffers, cfg.peers_per_step, cfg.average_momentum,
                        None if cfg.average_compression == "fp32" else Compression(
                            cfg.average_compression, feedback=cfg.compression_feedback,
-                           density=cfg.compression_density),
+                           density=cfg.compression_density, seed=cfg.seed),
                        cfg.broadcast_buffers, cfg.check_consistency)
 
 

@@ -60,6 +60,7 @@ UNUSED_WHEN = {
                              "exact averages: no codes whose error to feed back"),
     "compression_density": (lambda c: c.average_compression not in SPARSE_DENSITY_FORMATS,
                             "no top-k or random-k codes to size"),
+    "churn_away_rounds": (lambda c: not c.churn_rate, "nobody leaves"),
     "overlap_steps": (lambda c: not c.fragments, "no streaming fragments to overlap"),
     "fragment_mixing": (lambda c: not c.fragments, "no streaming fragments to merge"),
 }

@@ -102,7 +102,8 @@ def time_to_target(runs: pd.DataFrame, configs_: Sequence[TrainConfig], labels: 
                 [Scheme.from_train_config(cfg, steps_per_epoch)], workers=cfg.world_size,
                 steps=updates, cluster=Cluster(gpus_per_node=1, inter_gbps=g),
                 compute_ms=step_ms, model_mb=float(rec.param_bytes.iloc[0]) / 1e6,
-                average_compression=cfg.average_compression, baseline=False).seconds.iloc[0])
+                average_compression=cfg.average_compression,
+                compression_density=cfg.compression_density, baseline=False).seconds.iloc[0])
             at = float(reached.step.iloc[0]) / updates * seconds if len(reached) else float("nan")
             rows.append({"variant": label["variant"], "seed": cfg.seed, "gbps": g,
                          "run_seconds": seconds, "seconds_to_target": at})
