@@ -46,6 +46,11 @@ SCENARIOS = {
     "buffers_broadcast": dataclasses.replace(BASE, broadcast_buffers=True),
     # beyond the sources: every average as int8 codes of the change since the group's last one
     "int8_averages": dataclasses.replace(BASE, average_compression="int8"),
+    # beyond the sources: DiLoCo's recipe, AdamW inside (its moments per worker) and an outer
+    # Nesterov step at every global average
+    "adamw_diloco": dataclasses.replace(BASE, optimizer="adamw", lr=1e-3, weight_decay=0.1,
+                                        adam_betas=(0.9, 0.95), momentum_scheme="global",
+                                        global_lr=0.7, global_nesterov=True),
     # beyond the sources: workers leaving and rejoining on the seed's trace (flat, H = 4; half
     # the workers but worker 0 leave each round, for 1.5 rounds on average)
     "churn": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,

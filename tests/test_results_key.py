@@ -30,7 +30,8 @@ KEPT = REPO / "figures" / "converged" / "runs"
 # a valid value other than the default, for the string fields
 OTHER_STRING = {"dataset": "synthetic", "model": "mlp", "momentum_scheme": "none",
                 "device": "cuda", "dtype": "float64", "precision": "fp32",
-                "memory_format": "contiguous", "average_compression": "int8"}
+                "memory_format": "contiguous", "average_compression": "int8",
+                "optimizer": "adamw"}
 
 
 def _other(field: dataclasses.Field, cfg: TrainConfig):
@@ -45,6 +46,8 @@ def _other(field: dataclasses.Field, cfg: TrainConfig):
         return value + 1
     if isinstance(value, float):
         return value + 0.5 if field.name not in ("slowmo_momentum",) else 0.25
+    if field.name == "adam_betas":
+        return (0.8, 0.99)
     if isinstance(value, tuple):
         return (0.6,)
     if value is None:
@@ -70,6 +73,7 @@ def test_every_field_that_can_change_results_is_in_the_key():
              "compression_feedback": {"average_compression": "int8"},
              "compression_density": {"average_compression": "topk"},
              "churn_away_rounds": {"churn_rate": 0.5, **FLAT},
+             "adam_betas": {"optimizer": "adamw"},
              "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}
     assert set(using) == set(UNUSED_WHEN)
     # streaming fragments and per-worker H run on a flat topology only

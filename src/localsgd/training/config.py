@@ -29,6 +29,7 @@ MOMENTUM_SCHEMES = ("local", "global", "hybrid", "none")
 COMPRESSION_FORMATS = ("fp32", "bf16", "fp16", "fp8", "int8", "int4",
                        "topk", "chunk-topk", "randk", "sign")
 SPARSE_DENSITY_FORMATS = ("topk", "chunk-topk", "randk")  # the ones compression_density sizes
+INNER_OPTIMIZERS = ("sgd", "adamw")
 # how a machine runs a recipe (the module docstring); every other field is the recipe's
 EXECUTION = ("batched", "packed", "compile_replicas", "device", "dtype", "precision",
              "deterministic", "memory_format", "host_threads", "loader_workers", "eval_batch",
@@ -116,6 +117,14 @@ class TrainConfig:
     by the inner lr as App. D.1.2's block momentum is)."""
     nesterov: bool = False
     """Nesterov variant of the local momentum."""
+    optimizer: str = "sgd"
+    """The inner optimizer: 'sgd' (the sources': SGD with ``momentum`` as ``momentum_scheme``
+    says) or 'adamw' (beyond the sources: what DiLoCo and its 2025-26 peers run inside, with
+    decoupled ``weight_decay`` off the BatchNorm coefficients and ``adam_betas``; its moments
+    are the workers' own, like local momentum). Not with ``nesterov``, per-worker H or churn
+    (an idle worker's Adam step count would move on)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """With ``optimizer='adamw'``: Adam's (beta1, beta2)."""
     weight_decay: float = 1e-4
     """L2 weight decay, not applied to BatchNorm coefficients (§4.1)."""
     average_buffers: bool = False
@@ -345,6 +354,7 @@ class TrainConfig:
                 raise ValueError(f"worker_local_steps (per-worker H) runs rounds of flat local "
                                  f"SGD: not with {name}={value!r}")
             schedule.SyncSchedule(self.topology(), worker_steps=self.worker_local_steps)
+        self._check_optimizer()
         if self.qsr_alpha is not None:
             a = self.qsr_alpha
             if isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a < float("inf"):
@@ -363,6 +373,24 @@ class TrainConfig:
                 "block_gradient_allreduce=True needs a hierarchy: set block_size to a divisor of "
                 f"world_size={self.world_size} below it and block_steps > 1 (got block_size="
                 f"{self.block_size}, block_steps={self.block_steps})")
+
+    def _check_optimizer(self) -> None:
+        if self.optimizer not in INNER_OPTIMIZERS:
+            raise ValueError(f"optimizer={self.optimizer!r}; valid: {', '.join(INNER_OPTIMIZERS)}")
+        betas = self.adam_betas
+        if not isinstance(betas, tuple | list) or len(betas) != 2 or not all(
+                isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1
+                for b in betas):
+            raise ValueError(f"adam_betas={betas!r}: two numbers in [0, 1) (beta1, beta2)")
+        object.__setattr__(self, "adam_betas", tuple(float(b) for b in betas))
+        if self.optimizer == "adamw":
+            clash = {name: getattr(self, name) for name in (
+                "nesterov", "worker_local_steps", "churn_rate") if getattr(self, name)}
+            if clash:
+                name, value = next(iter(clash.items()))
+                raise ValueError(f"optimizer='adamw' is not run with {name}={value!r}"
+                                 + (" (an idle worker's Adam step count would move on)"
+                                    if name != "nesterov" else " (Nesterov is SGD's)"))
 
     def _check_churn(self) -> None:
         for name, lo in (("churn_rate", 0.0), ("churn_away_rounds", 1.0)):

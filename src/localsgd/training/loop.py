@@ -157,6 +157,8 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
 
     def optimizer_fn(params: Any) -> torch.optim.Optimizer:
         groups = models_mod.param_groups(params, mask, cfg.weight_decay)
+        if cfg.optimizer == "adamw":  # decoupled weight decay on the same groups
+            return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.adam_betas)
         return torch.optim.SGD(groups, lr=cfg.lr, momentum=local_m, dampening=0.0,
                                nesterov=cfg.nesterov and local_m > 0)
 

@@ -61,6 +61,7 @@ UNUSED_WHEN = {
     "compression_density": (lambda c: c.average_compression not in SPARSE_DENSITY_FORMATS,
                             "no top-k or random-k codes to size"),
     "churn_away_rounds": (lambda c: not c.churn_rate, "nobody leaves"),
+    "adam_betas": (lambda c: c.optimizer != "adamw", "SGD inside: no Adam moments"),
     "overlap_steps": (lambda c: not c.fragments, "no streaming fragments to overlap"),
     "fragment_mixing": (lambda c: not c.fragments, "no streaming fragments to merge"),
 }
