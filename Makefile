@@ -35,7 +35,7 @@ reproduce: $(STAMP)
 # first: each worker starts on its part of the list in order, so listed last it ran alone at
 # the end.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist worksteal tests \
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist worksteal --durations=30 tests \
 	  --deselect tests/test_doc_commands.py --deselect tests/test_base_install.py
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 3 --dist worksteal tests/test_base_install.py \
 	  tests/test_doc_commands.py
