@@ -51,8 +51,8 @@ SCENARIOS = {
     "adamw_diloco": dataclasses.replace(BASE, optimizer="adamw", lr=1e-3, weight_decay=0.1,
                                         adam_betas=(0.9, 0.95), momentum_scheme="global",
                                         global_lr=0.7, global_nesterov=True),
-    # beyond the sources: workers leaving and rejoining on the seed's trace (flat, H = 4; half
-    # the workers but worker 0 leave each round, for 1.5 rounds on average)
+    # beyond the sources: workers leaving and rejoining on the seed's trace (flat, H = 4; each
+    # worker but worker 0 leaves a round with probability 0.5, for 1.5 rounds on average)
     "churn": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,
                                  churn_rate=0.5, churn_away_rounds=1.5),
     # beyond the sources: random-k (5 % of the entries, indices seeded by the round) with error

@@ -217,6 +217,9 @@ class HierarchicalAverager(FlatAverager):
         """Averager following a ``localsgd.schedule.SyncSchedule`` (default or ``torch_compat``
         semantics): call number ``step`` is local update ``t = step + 1``. Gossip, outer steps and
         gradient all-reduce are not an averager's job: use ``LocalSGDOptimizer`` for those."""
+        if schedule.away is not None or schedule.worker_steps is not None:
+            raise ValueError("a schedule with idle workers (away, worker_steps) needs an engine "
+                             "(ReplicaEngine, DDPEngine): an averager cannot keep them idle")
         if schedule.gossip or schedule.outer_period is not None:
             raise ValueError(
                 "a schedule with gossip or outer steps needs LocalSGDOptimizer with a "

@@ -42,6 +42,10 @@ class LocalSGDOptimizer(torch.optim.Optimizer):
         self.optim = optimizer
         self.param_groups = optimizer.param_groups
         self.defaults = optimizer.defaults
+        if schedule.away is not None:
+            raise ValueError("churn (away) keeps an absent worker's state from before its "
+                             "forward pass, which an optimizer wrapper never sees: use an "
+                             "engine (ReplicaEngine, DDPEngine)")
         if schedule.worker_steps is not None:
             raise ValueError("per-worker H (worker_steps) keeps an idle worker's state from "
                              "before its forward pass, which an optimizer wrapper never sees: "

@@ -51,7 +51,8 @@ def churn_trace(workers: int, rounds: int, leave_rate: float, away_rounds: float
     """A seeded trace of workers leaving and rejoining for `SyncSchedule`'s ``away``: at each of
     ``rounds`` rounds every worker present but worker 0 (who always stays, so every round has an
     average) leaves with probability ``leave_rate`` for a geometric number of rounds of mean
-    ``away_rounds`` (>= 1). The same arguments give the same trace on every machine."""
+    ``away_rounds`` (>= 1); a returning worker stays at least one round, so spells do not
+    join up. The same arguments give the same trace on every machine."""
     check_int("churn workers", workers, 1)
     check_int("churn rounds", rounds, 0)
     if not 0.0 <= leave_rate <= 1.0:
@@ -64,7 +65,7 @@ def churn_trace(workers: int, rounds: int, leave_rate: float, away_rounds: float
     trace = []
     for r in range(1, rounds + 1):
         for w in range(1, workers):
-            if back[w] <= r and rng.random() < leave_rate:
+            if back[w] < r and rng.random() < leave_rate:  # back for a round first
                 length = 1
                 while rng.random() >= 1.0 / away_rounds:  # geometric, mean away_rounds
                     length += 1

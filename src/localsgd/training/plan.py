@@ -182,7 +182,8 @@ def check_replica_memory(cfg: TrainConfig, num_classes: int, input_shape: tuple[
 
     outer = cfg.momentum_scheme in ("global", "hybrid") or cfg.slowmo_frequency is not None
     kw = {"batched": batched, "outer": outer,
-          "optimizer": "sgd_momentum" if cfg.momentum > 0 else "sgd"}
+          "optimizer": ("adam" if cfg.optimizer == "adamw"  # two moments a parameter
+                        else "sgd_momentum" if cfg.momentum > 0 else "sgd")}
     need = memory_mod.estimate_replica_memory(model_fn, cfg.world_size, cfg.local_batch,
                                               input_shape, dtype, **kw)
     if need <= free_bytes - reserve_bytes:
