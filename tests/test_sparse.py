@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from test_compression import _records, _tiny  # the same tiny hierarchical run
 
 from localsgd import compression as cp
 from localsgd import sparse as sp
@@ -193,25 +194,6 @@ def test_bad_sparse_settings_are_one_line():
 
 
 # ---- in training: TrainConfig.average_compression = topk / randk / sign ----------------------
-
-def _tiny(**over):
-    from localsgd.training.config import TrainConfig
-
-    return TrainConfig(**{"dataset": "synthetic", "model": "resnet20", "width": 0.25,
-                          "n_train": 64, "n_test": 16, "local_batch": 8, "local_steps": 2,
-                          "world_size": 4, "block_size": 2, "block_steps": 2, "epochs": 4.0,
-                          "lr": 0.1, "eval_batch": 16, "augment": False, "dtype": "float64",
-                          "batched": False, **over})
-
-
-def _records(cfg, **kw):
-    from localsgd import data
-    from localsgd.training.loop import train
-
-    ds = data.load_image_dataset("synthetic").subset(64, 16, seed=0)
-    rec = train(cfg, dataset=ds, progress=False, **kw)
-    return rec.drop(columns=["compute_seconds", "data_seconds", "wall_seconds"])
-
 
 def test_a_random_k_run_resumes_bitwise_and_the_engines_agree(tmp_path):
     from localsgd.training.loop import RunLimit
