@@ -51,6 +51,9 @@ SCENARIOS = {
     "adamw_diloco": dataclasses.replace(BASE, optimizer="adamw", lr=1e-3, weight_decay=0.1,
                                         adam_betas=(0.9, 0.95), momentum_scheme="global",
                                         global_lr=0.7, global_nesterov=True),
+    # beyond the sources: the one-step-delayed outer step (round r's change applied at round
+    # r + 1's end) over the hierarchy, its warm-up and hybrid momentum
+    "delayed_outer": dataclasses.replace(BASE, outer_delay=1),
     # beyond the sources: workers leaving and rejoining on the seed's trace (flat, H = 4; each
     # worker but worker 0 leaves a round with probability 0.5, for 1.5 rounds on average)
     "churn": dataclasses.replace(BASE, block_size=None, block_steps=1, local_steps=4,

@@ -78,7 +78,7 @@ def test_every_field_that_can_change_results_is_in_the_key():
     assert set(using) == set(UNUSED_WHEN)
     # streaming fragments and per-worker H run on a flat topology only
     needs = {"fragments": FLAT, "worker_local_steps": FLAT, "qsr_alpha": FLAT,
-             "churn_rate": FLAT}
+             "churn_rate": FLAT, "outer_delay": {"momentum_scheme": "hybrid"}}
     for field in dataclasses.fields(TrainConfig):
         here = dataclasses.replace(base, **using.get(field.name, needs.get(field.name, {})))
         changed = dataclasses.replace(here, **{field.name: _other(field, here)})

@@ -25,6 +25,16 @@ and the outer step is
 * Nesterov outer step (DiLoCo family): ``nesterov=True``; DiLoCo does not scale by gamma, so use
   ``scale_by_lr=False`` (then d = w_prev - w_avg and w = w_prev - alpha * (...)), e.g.
   alpha = 0.7, beta = 0.9.
+* One-step-delayed outer step (beyond the sources; PCCL's and DiLoCoX's overlap of the outer
+  all-reduce with the next round): ``delay=1``. Round r's average delta d_r travels while round
+  r + 1 computes, so the step that ends round r applies d_{r-1}:
+
+      w_r = w_{r-1} - alpha * gamma_{r-1} * u(d_{r-1})      (w_r = w_{r-1} after round 1)
+
+  and every worker starts round r + 1 from w_r. d_r is always measured from the round's own
+  start w_{r-1}, so no round's work is lost; it lands one round late. gamma_{r-1} is the inner
+  lr at the step that produced d_{r-1}. The last round's delta is still in flight when training
+  stops and is not applied (as `localsgd.streaming` drops an unmerged average).
 
 Works on flat tensors: ``[n]`` (one worker) or a ``[K, n]`` stack whose rows are equal after a
 global average; the state (anchor, u) is ``[n]`` and the result is written into every row.
@@ -46,15 +56,21 @@ class OuterUpdate:
         lr: float = 1.0,
         nesterov: bool = False,
         scale_by_lr: bool = True,
+        delay: int = 0,
     ):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"outer momentum must be in [0, 1), got {momentum}")
         if not lr > 0.0:
             raise ValueError(f"outer lr must be > 0, got {lr}")
+        if isinstance(delay, bool) or delay not in (0, 1):
+            raise ValueError(f"outer delay must be 0 (the step applies this round's average) or "
+                             f"1 (the previous round's), got {delay!r}")
         self.momentum, self.lr = float(momentum), float(lr)
         self.nesterov, self.scale_by_lr = bool(nesterov), bool(scale_by_lr)
+        self.delay = int(delay)
         self.anchor: torch.Tensor | None = None  # w_prev, shape [n]
         self.buf: torch.Tensor | None = None  # u, shape [n]
+        self.pending: tuple[torch.Tensor, float] | None = None  # delay 1: (d_{r-1}, gamma_{r-1})
         self.num_steps = 0
 
     @staticmethod
@@ -70,6 +86,7 @@ class OuterUpdate:
     def reset(self, params: torch.Tensor) -> None:
         """Start a new anchor at the current (averaged) model; keeps the momentum buffer."""
         self.anchor = self._row(params).detach().clone()
+        self.pending = None  # a delta from before the new anchor is not a step from it
         if self.buf is None or self.buf.shape != self.anchor.shape:
             self.buf = torch.zeros_like(self.anchor)
 
@@ -87,7 +104,13 @@ class OuterUpdate:
                 f"params have {row.numel()} entries per worker but the anchor from reset() has "
                 f"{self.anchor.numel()}; call reset() with the same parameters"
             )
-        self.step_delta(self.anchor - row, lr)
+        delta = self.anchor - row
+        if self.delay:  # apply the delta that arrived (none after round 1); send this one
+            arrived, self.pending = self.pending, (delta, float(lr))
+            if arrived is not None:
+                self.step_delta(*arrived)
+        else:
+            self.step_delta(delta, lr)
         params.copy_(self.anchor.expand_as(params))
 
     @torch.no_grad()
@@ -112,13 +135,17 @@ class OuterUpdate:
             "lr": self.lr,
             "nesterov": self.nesterov,
             "scale_by_lr": self.scale_by_lr,
+            "delay": self.delay,
+            "pending": None if self.pending is None else (self.pending[0].clone(),
+                                                          self.pending[1]),
             "anchor": None if self.anchor is None else self.anchor.clone(),
             "buf": None if self.buf is None else self.buf.clone(),
             "num_steps": self.num_steps,
         }
 
     def load_state_dict(self, state: dict) -> None:
-        for key in ("momentum", "lr", "nesterov", "scale_by_lr"):
+        state = {"delay": 0, "pending": None, **state}  # checkpoints from before the delay
+        for key in ("momentum", "lr", "nesterov", "scale_by_lr", "delay"):
             if state[key] != getattr(self, key):
                 raise ValueError(
                     f"state_dict has {key}={state[key]!r} but this OuterUpdate has "
@@ -126,12 +153,14 @@ class OuterUpdate:
                 )
         self.anchor = None if state["anchor"] is None else state["anchor"].clone()
         self.buf = None if state["buf"] is None else state["buf"].clone()
+        pending = state["pending"]
+        self.pending = None if pending is None else (pending[0].clone(), float(pending[1]))
         self.num_steps = int(state["num_steps"])
 
     def __repr__(self) -> str:
         return (
             f"OuterUpdate(momentum={self.momentum}, lr={self.lr}, nesterov={self.nesterov}, "
-            f"scale_by_lr={self.scale_by_lr})"
+            f"scale_by_lr={self.scale_by_lr}" + (f", delay={self.delay})" if self.delay else ")")
         )
 
 

@@ -117,6 +117,12 @@ class TrainConfig:
     by the inner lr as App. D.1.2's block momentum is)."""
     nesterov: bool = False
     """Nesterov variant of the local momentum."""
+    outer_delay: int = 0
+    """1: the outer step (``momentum_scheme`` 'global' / 'hybrid', or SlowMo) applies the
+    previous round's average change, this round's travelling meanwhile (beyond the sources;
+    PCCL's and DiLoCoX's one-step-delayed outer update, `localsgd.outer`); 0: this round's (the
+    sources'). A delayed plain average is 'global' with ``global_momentum`` 0. Not with
+    ``fragments`` (streaming's own delay is ``overlap_steps``)."""
     optimizer: str = "sgd"
     """The inner optimizer: 'sgd' (the sources': SGD with ``momentum`` as ``momentum_scheme``
     says) or 'adamw' (beyond the sources: what DiLoCo and its 2025-26 peers run inside, with
@@ -300,7 +306,16 @@ class TrainConfig:
         if not isinstance(self.global_nesterov, bool):
             raise ValueError(f"global_nesterov={self.global_nesterov!r}: must be true or "  # noqa: TRY004
                              "false")
-        OuterUpdate(0.0, self.global_lr)  # alpha > 0, in its words
+        OuterUpdate(0.0, self.global_lr, delay=self.outer_delay)  # alpha > 0, delay 0 / 1
+        if self.outer_delay and self.momentum_scheme not in ("global", "hybrid") \
+                and self.slowmo_frequency is None:
+            raise ValueError(f"outer_delay={self.outer_delay} delays the outer step, and "
+                             f"momentum_scheme={self.momentum_scheme!r} has none: use 'global' "
+                             "or 'hybrid' (global_momentum 0 for a delayed plain average) or "
+                             "SlowMo")
+        if self.outer_delay and self.fragments:
+            raise ValueError(f"outer_delay={self.outer_delay} with fragments={self.fragments}: "
+                             "streaming delays each fragment's merge by overlap_steps instead")
         if not isinstance(self.average_momentum, bool):
             raise ValueError(f"average_momentum={self.average_momentum!r}: must be true or "  # noqa: TRY004
                              "false")

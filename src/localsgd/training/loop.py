@@ -145,9 +145,10 @@ def engine_parts(cfg: TrainConfig, n_train: int, num_classes: int) -> EnginePart
     global_m = cfg.momentum if cfg.global_momentum is None else cfg.global_momentum
     outer = None
     if cfg.momentum_scheme in ("global", "hybrid"):
-        outer = OuterUpdate(momentum=global_m, lr=cfg.global_lr, nesterov=cfg.global_nesterov)
+        outer = OuterUpdate(momentum=global_m, lr=cfg.global_lr, nesterov=cfg.global_nesterov,
+                            delay=cfg.outer_delay)
     elif cfg.slowmo_frequency is not None:
-        outer = OuterUpdate(momentum=cfg.slowmo_momentum, lr=cfg.slowmo_lr)
+        outer = OuterUpdate(momentum=cfg.slowmo_momentum, lr=cfg.slowmo_lr, delay=cfg.outer_delay)
 
     def model_fn() -> nn.Module:
         return models_mod.build_model(cfg.model, num_classes=num_classes,

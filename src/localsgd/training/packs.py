@@ -50,7 +50,7 @@ PER_RUN = frozenset({
     "seed", "local_steps", "block_size", "block_steps", "post_local_warmup_epochs",
     "local_step_warmup_epochs", "block_gradient_allreduce", "lr", "scale_lr", "base_batch",
     "warmup_epochs", "decay_fractions", "momentum", "momentum_scheme", "global_momentum",
-    "global_lr", "global_nesterov",
+    "global_lr", "global_nesterov", "outer_delay",
     "nesterov", "weight_decay", "average_buffers", "broadcast_buffers", "average_momentum",
     "average_compression", "fragments", "overlap_steps", "fragment_mixing", "worker_local_steps",
     "compression_feedback", "compression_density", "qsr_alpha", "churn_rate",
