@@ -426,8 +426,9 @@ class DistributedCommunicator:
 
     @torch.no_grad()
     def hold(self):
-        """Keep this worker's parameters, float buffers and optimizer state as they are now;
-        returns the function that puts them back (state the update created goes to zeros)."""
+        """Keep this worker's parameters, float buffers and per-element optimizer state as they
+        are now; returns the function that puts them back (state the update created goes to
+        zeros; a scalar state such as Adam's step count moves on)."""
         flat = self.flat_params()
         params, buffers = flat.clone(), [b.clone() for b in float_buffers(self.model)]
         opt = self.optimizer

@@ -363,10 +363,11 @@ class ReplicaCommunicator:
 
     @torch.no_grad()
     def hold(self, workers: Sequence[int]) -> Callable[[], None]:
-        """Keep ``workers``' state (parameters, float buffers, optimizer state) as it is now;
-        returns the function that puts it back after an update they sat out
+        """Keep ``workers``' state (parameters, float buffers, per-element optimizer state) as it
+        is now; returns the function that puts it back after an update they sat out
         (`localsgd.schedule.Action.idle`). Optimizer state the update created (SGD's momentum
-        buffer at its first step) goes back to zeros, where such state starts."""
+        buffer at its first step) goes back to zeros, where such state starts. A scalar state
+        (Adam's step count) moves on, which is why AdamW is refused with idle workers."""
         rows = torch.tensor(list(workers), device=self.flat.device)
         params = self.flat.index_select(0, rows)
         buffers = [b.index_select(0, rows) for b in self.buffer_stacks]

@@ -132,7 +132,8 @@ class TrainConfig:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     """With ``optimizer='adamw'``: Adam's (beta1, beta2)."""
     weight_decay: float = 1e-4
-    """L2 weight decay, not applied to BatchNorm coefficients (§4.1)."""
+    """Weight decay, not applied to BatchNorm coefficients (§4.1): SGD's L2 term in the gradient,
+    AdamW's decoupled decay with ``optimizer='adamw'``."""
     average_buffers: bool = False
     """Average BatchNorm running statistics at every sync (False: per worker, §4.1)."""
     broadcast_buffers: bool = False

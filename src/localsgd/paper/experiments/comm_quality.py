@@ -99,7 +99,7 @@ def time_to_target(runs: pd.DataFrame, configs_: Sequence[TrainConfig], labels: 
         step_ms = 1e3 * float(rec.compute_seconds.max()) / updates
         for g in gbps:
             seconds = float(simulate(
-                [Scheme.from_train_config(cfg, steps_per_epoch)], workers=cfg.world_size,
+                [Scheme.from_train_config(cfg, steps_per_epoch, updates=updates)], workers=cfg.world_size,
                 steps=updates, cluster=Cluster(gpus_per_node=1, inter_gbps=g),
                 compute_ms=step_ms, model_mb=float(rec.param_bytes.iloc[0]) / 1e6,
                 average_compression=cfg.average_compression,
