@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_compression import _records  # the tiny run's records, timings dropped
 
 from localsgd.training.config import TrainConfig
 
@@ -19,15 +20,6 @@ def _tiny(**over):
                           "optimizer": "adamw", "weight_decay": 0.1, "adam_betas": (0.9, 0.95),
                           "momentum_scheme": "global", "global_lr": 0.7,
                           "global_nesterov": True, **over})
-
-
-def _records(cfg, **kw):
-    from localsgd import data
-    from localsgd.training.loop import train
-
-    ds = data.load_image_dataset("synthetic").subset(64, 16, seed=0)
-    rec = train(cfg, dataset=ds, progress=False, **kw)
-    return rec.drop(columns=["compute_seconds", "data_seconds", "wall_seconds"])
 
 
 def test_the_inner_optimizer_is_adamw_with_decay_off_batchnorm():

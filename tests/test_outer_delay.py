@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_compression import _records  # the tiny run's records, timings dropped
 
 from localsgd.outer import OuterUpdate
 from localsgd.schedule import SyncDriver, SyncSchedule
@@ -119,15 +120,6 @@ def _tiny(**over):
                           "augment": False, "dtype": "float64", "batched": False,
                           "momentum_scheme": "global", "global_lr": 0.7,
                           "global_nesterov": True, "outer_delay": 1, **over})
-
-
-def _records(cfg, **kw):
-    from localsgd import data
-    from localsgd.training.loop import train
-
-    ds = data.load_image_dataset("synthetic").subset(64, 16, seed=0)
-    rec = train(cfg, dataset=ds, progress=False, **kw)
-    return rec.drop(columns=["compute_seconds", "data_seconds", "wall_seconds"])
 
 
 def test_a_delayed_run_resumes_bitwise_and_differs_from_the_on_time_one(tmp_path):
