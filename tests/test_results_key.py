@@ -31,7 +31,7 @@ KEPT = REPO / "figures" / "converged" / "runs"
 OTHER_STRING = {"dataset": "synthetic", "model": "mlp", "momentum_scheme": "none",
                 "device": "cuda", "dtype": "float64", "precision": "fp32",
                 "memory_format": "contiguous", "average_compression": "int8",
-                "optimizer": "adamw"}
+                "optimizer": "adamw", "churn_rejoin": "zero"}
 
 
 def _other(field: dataclasses.Field, cfg: TrainConfig):
@@ -73,12 +73,15 @@ def test_every_field_that_can_change_results_is_in_the_key():
              "compression_feedback": {"average_compression": "int8"},
              "compression_density": {"average_compression": "topk"},
              "churn_away_rounds": {"churn_rate": 0.5, **FLAT},
+             "churn_rejoin": {"churn_rate": 0.5, **FLAT},
+             "quorum_grace_steps": {"quorum": 3, **FLAT}, "quorum_stall_rate": {"quorum": 3, **FLAT},
+             "quorum_stall_steps": {"quorum": 3, **FLAT},
              "adam_betas": {"optimizer": "adamw"},
              "overlap_steps": {"fragments": 1, **FLAT}, "fragment_mixing": {"fragments": 1, **FLAT}}
     assert set(using) == set(UNUSED_WHEN)
     # streaming fragments and per-worker H run on a flat topology only
     needs = {"fragments": FLAT, "worker_local_steps": FLAT, "qsr_alpha": FLAT,
-             "churn_rate": FLAT, "outer_delay": {"momentum_scheme": "hybrid"}}
+             "churn_rate": FLAT, "quorum": FLAT, "outer_delay": {"momentum_scheme": "hybrid"}}
     for field in dataclasses.fields(TrainConfig):
         here = dataclasses.replace(base, **using.get(field.name, needs.get(field.name, {})))
         changed = dataclasses.replace(here, **{field.name: _other(field, here)})

@@ -111,7 +111,7 @@ class Action(NamedTuple):
     fragment: int | None = None  # streaming: fragment whose average is launched after update t
     merge: int | None = None  # streaming: fragment whose launched average is applied after t
     idle: tuple[int, ...] = ()  # workers whose update t is not applied (their own H is spent)
-    absent: tuple[int, ...] = ()  # churn: workers away this round, left out of its average
+    absent: tuple[int, ...] = ()  # churn, quorum: workers left out of this round's average
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,13 @@ class SyncSchedule:
       ``last`` of the local phase (1-based, H updates each): it is idle there (``Action.idle``)
       and left out of those rounds' world averages (``Action.absent``: the mean is over the
       workers present), and since every worker takes the average, it rejoins from the group's
-      average. `churn_trace` draws such a trace from a seed.
+      average. `churn_trace` draws such a trace from a seed. ``rejoin="zero"`` (prime's joiner):
+      in its first round back a worker sends a zero pseudo-gradient: it is idle that round and
+      counted in its average with the model it started from (the last average).
+    * **Quorum** (``late``, beyond the sources; Decoupled DiLoCo): ``(worker, round)`` marks a
+      change that missed the merge of that round of the local phase: the worker trained, but is
+      left out of the round's world average (``Action.absent``) and takes it, its change dropped
+      (`localsgd.timing.quorum` draws such a trace from seeded arrivals).
     * **Explicit rounds** (``rounds``, beyond the sources; flat local SGD): the local phase's
       i-th round lasts ``rounds[i]`` updates and ends with the global average, the last length
       repeating; `qsr_rounds` writes them by Gu et al.'s quadratic synchronization rule.
@@ -244,6 +250,8 @@ class SyncSchedule:
     worker_steps: tuple[int, ...] | None = None
     rounds: tuple[int, ...] | None = None
     away: tuple[tuple[int, int, int], ...] | None = None
+    rejoin: Literal["average", "zero"] = "average"
+    late: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.topology, Topology):
@@ -305,8 +313,17 @@ class SyncSchedule:
             self._check_worker_steps()
         if self.rounds is not None:
             self._check_rounds()
+        if self.rejoin not in ("average", "zero"):
+            raise ValueError(f"rejoin={self.rejoin!r}: 'average' (a returning worker trains "
+                             "from the group's average) or 'zero' (its first round back sends a "
+                             "zero pseudo-gradient)")
+        if self.rejoin == "zero" and self.away is None:
+            raise ValueError("rejoin='zero' is the rule for workers returning from away: give "
+                             "away too")
         if self.away is not None:
             self._check_away()
+        if self.late is not None:
+            self._check_late()
 
     def _check_away(self) -> None:
         k = self.topology.world_size
@@ -341,13 +358,67 @@ class SyncSchedule:
                 raise ValueError(f"away: every worker is away in round {r}; at least one must "
                                  "stay to average")
 
+    def _check_late(self) -> None:
+        k = self.topology.world_size
+        try:
+            late = tuple(tuple(int(v) for v in p) for p in self.late)
+        except (TypeError, ValueError):
+            late = ((),)
+        if any(len(p) != 2 for p in late):
+            raise ValueError(f"late={self.late!r}: a list of (worker, round) pairs")
+        for w, r in late:
+            if not 0 <= w < k:
+                raise ValueError(f"late: worker {w} does not exist (world_size {k}: workers 0 .. "
+                                 f"{k - 1})")
+            if r < 1:
+                raise ValueError(f"late: worker {w}'s round {r}: rounds of the local phase "
+                                 "count from 1")
+        object.__setattr__(self, "late", late)
+        clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
+                 "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
+                 "worker_steps": self.worker_steps, "rounds": self.rounds,
+                 "an int outer_period": isinstance(self.outer_period, int)
+                 and not isinstance(self.outer_period, bool),
+                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
+                 "post_local_gradient_allreduce": self.grad_level is not None}
+        bad = [name for name, v in clash.items() if v]
+        if bad:
+            raise ValueError(f"late (a quorum's merge) runs rounds of flat local SGD: not with "
+                             f"{bad[0]}")
+        for w, r in late:
+            if w in self._away_in_round(r):
+                raise ValueError(f"late: worker {w} is away in round {r}; only a worker present "
+                                 "can miss the merge")
+            if w in self._joining_in_round(r):
+                raise ValueError(f"late: worker {w} rejoins in round {r} with a zero "
+                                 "pseudo-gradient (rejoin='zero'); it cannot be late")
+        for r in sorted({r for _, r in late}):
+            gone = self._away_in_round(r) | {w for w, q in late if q == r}
+            if len(gone) == k:
+                raise ValueError(f"late: no worker is on time in round {r}; a merge needs one")
+
+    def _round(self, t: int) -> int:
+        """The 1-based round of the local phase that local update ``t`` belongs to (0: warm-up)."""
+        s = t - self.warmup_steps
+        return 0 if s < 1 else (s - 1) // self.topology.levels[0].period + 1
+
+    def _away_in_round(self, r: int) -> set[int]:
+        return {w for w, first, last in self.away or () if first <= r <= last}
+
+    def _joining_in_round(self, r: int) -> set[int]:
+        if self.rejoin != "zero":
+            return set()
+        return {w for w, _, last in self.away or () if last + 1 == r} - self._away_in_round(r)
+
     def absent_in(self, t: int) -> tuple[int, ...]:
         """Workers away (``away``) during local update ``t``, in order."""
-        s = t - self.warmup_steps
-        if self.away is None or s < 1:
-            return ()
-        r = (s - 1) // self.topology.levels[0].period + 1
-        return tuple(sorted({w for w, first, last in self.away if first <= r <= last}))
+        r = self._round(t)
+        return tuple(sorted(self._away_in_round(r))) if r else ()
+
+    def late_in(self, t: int) -> tuple[int, ...]:
+        """Workers whose change of ``t``'s round misses its merge (``late``), in order."""
+        r = self._round(t)
+        return tuple(sorted({w for w, q in self.late or () if q == r})) if r else ()
 
     def _check_rounds(self) -> None:
         if not isinstance(self.rounds, tuple | list) or not self.rounds:
@@ -491,9 +562,11 @@ class SyncSchedule:
         if self.worker_steps is not None:  # worker k updates in the first H_k steps of a round
             place = (t - origin - 1) % self.topology.levels[-1].period
             idle = tuple(k for k, h in enumerate(self.worker_steps) if place >= h)
-        if self.away is not None:  # churn: away for the round, left out of its average
-            idle = self.absent_in(t)
-            absent = idle if level == top else ()
+        if self.away is not None or self.late is not None:
+            r = self._round(t)  # churn: away for the round, left out of its average
+            away, joining = self._away_in_round(r), self._joining_in_round(r)
+            idle = tuple(sorted(away | joining))  # a zero joiner: idle, but in the average
+            absent = tuple(sorted(away | set(self.late_in(t)))) if level == top else ()
         outer = False
         if self.outer_period == "global":
             outer = level == top
@@ -658,7 +731,7 @@ class SyncDriver:
         a = self.schedule.action(self.t)
         if a.gossip:
             self.comm.gossip(self.t)
-        if a.absent:  # churn: the mean of the workers present, which every worker takes
+        if a.absent:  # churn, quorum: the mean of the workers present, which every worker takes
             self.comm.average(a.level, absent=a.absent)
         elif a.level is not None:
             self.comm.average(a.level)

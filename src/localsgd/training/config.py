@@ -184,6 +184,24 @@ class TrainConfig:
     fragments, per-worker H, QSR or the local-step warm-up)."""
     churn_away_rounds: float = 2.0
     """With ``churn_rate``: the mean number of rounds a worker stays away (geometric, >= 1)."""
+    churn_rejoin: str = "average"
+    """With ``churn_rate``: 'average' (a returning worker trains from the group's average in its
+    first round back) or 'zero' (prime's joiner: that round it sends a zero pseudo-gradient,
+    idle and counted in the average with the model it started from)."""
+    quorum: int = 0
+    """A merge that proceeds without its late workers (beyond the sources; Decoupled DiLoCo,
+    `localsgd.timing.quorum`): each round's world average waits for the ``quorum``-th worker
+    present, then ``quorum_grace_steps`` more; a worker later than that has its change of the
+    round dropped (left out of the average, which it takes). Arrivals are seeded by ``seed``:
+    each update lasts one step time plus a stall of ``quorum_stall_steps`` with probability
+    ``quorum_stall_rate``. 0: every average waits for everyone (the sources'). Flat, exact
+    averages of the parameters, as ``churn_rate``."""
+    quorum_grace_steps: float = 0.0
+    """With ``quorum``: the grace window after the quorum-th arrival, in step times."""
+    quorum_stall_rate: float = 0.0
+    """With ``quorum``: a worker's chance to stall at an update (`Stragglers` semantics)."""
+    quorum_stall_steps: float = 0.0
+    """With ``quorum``: a stall's length, in step times."""
     worker_local_steps: tuple[int, ...] | None = None
     """Per-worker H for heterogeneous workers (beyond the sources; `SyncSchedule.worker_steps`):
     one H_k <= ``local_steps`` per worker; a round still ends with the global average every
@@ -409,25 +427,59 @@ class TrainConfig:
                                     if name != "nesterov" else " (Nesterov is SGD's)"))
 
     def _check_churn(self) -> None:
-        for name, lo in (("churn_rate", 0.0), ("churn_away_rounds", 1.0)):
+        for name, lo, what in (("churn_rate", 0.0, "a probability in [0, 1]"),
+                               ("churn_away_rounds", 1.0, "a number of rounds >= 1"),
+                               ("quorum_stall_rate", 0.0, "a probability in [0, 1]"),
+                               ("quorum_grace_steps", 0.0, "a number of step times >= 0"),
+                               ("quorum_stall_steps", 0.0, "a number of step times >= 0")):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v < float(
-                    "inf") or (name == "churn_rate" and v > 1):
-                raise ValueError(f"{name}={v!r}: must be "
-                                 + ("a probability in [0, 1]" if name == "churn_rate"
-                                    else "a number of rounds >= 1"))
-        if not self.churn_rate:
-            return
+                    "inf") or (name.endswith("_rate") and v > 1):
+                raise ValueError(f"{name}={v!r}: must be {what}")
+        if self.churn_rejoin not in ("average", "zero"):
+            raise ValueError(f"churn_rejoin={self.churn_rejoin!r}: 'average' or 'zero'")
+        q = self.quorum
+        if isinstance(q, bool) or not isinstance(q, int) or not 0 <= q <= self.world_size:
+            raise ValueError(f"quorum={q!r}: a number of workers in 0 .. world_size="
+                             f"{self.world_size} (0: every average waits for everyone)")
         clash = {name: getattr(self, name) for name in (
             "block_size", "gossip", "slowmo_frequency", "local_step_warmup_epochs", "fragments",
             "worker_local_steps", "qsr_alpha", "average_buffers", "broadcast_buffers",
             "average_momentum") if getattr(self, name) not in (None, False, 0)}
         if self.average_compression != "fp32":
             clash["average_compression"] = self.average_compression
-        if clash:
-            name, value = next(iter(clash.items()))
-            raise ValueError(f"churn_rate (workers leaving and rejoining) averages the "
-                             f"parameters alone over a flat topology: not with {name}={value!r}")
+        for on, what in (("churn_rate", "workers leaving and rejoining"),
+                         ("quorum", "a quorum's merge")):
+            if getattr(self, on) and clash:
+                name, value = next(iter(clash.items()))
+                raise ValueError(f"{on} ({what}) averages the parameters alone over a flat "
+                                 f"topology: not with {name}={value!r}")
+
+    def quorum_trace(self, steps_per_epoch: int, updates: int) -> tuple:
+        """The run's seeded arrivals and late workers, round by round
+        (`localsgd.timing.quorum.quorum_trace`, times in step times): the trace the run's
+        `SyncSchedule` drops changes by and the timing model prices. Workers away (churn) or
+        rejoining with a zero pseudo-gradient are not waited for."""
+        from localsgd.timing.quorum import quorum_trace  # deferred: numpy
+        from localsgd.timing.stragglers import Stragglers
+
+        warmup = round(self.post_local_warmup_epochs * steps_per_epoch)
+        n = max(0, -(-(updates - warmup) // self.local_steps))  # rounds of the local phase
+        skip: dict[int, set[int]] = {}
+        for w, first, last in self._churn(n):
+            for r in range(first, last + 1 + (self.churn_rejoin == "zero")):
+                skip.setdefault(r, set()).add(w)
+        stalls = Stragglers(seconds=self.quorum_stall_steps, rate=self.quorum_stall_rate,
+                            seed=self.seed)
+        return quorum_trace(self.world_size, n, self.local_steps, self.quorum or self.world_size,
+                            self.quorum_grace_steps, 1.0, stalls, warmup,
+                            {r: tuple(sorted(v)) for r, v in skip.items()})
+
+    def _churn(self, rounds: int) -> tuple[tuple[int, int, int], ...]:
+        if not self.churn_rate:
+            return ()
+        return schedule.churn_trace(self.world_size, rounds, self.churn_rate,
+                                    self.churn_away_rounds, self.seed)
 
     def _check_streaming(self) -> None:
         f = self.fragments
@@ -469,13 +521,17 @@ class TrainConfig:
                                  "number of updates to plan its rounds")
             rounds = schedule.qsr_rounds(lr, self.qsr_alpha, self.local_steps, updates, warmup,
                                          getattr(lr, "warmup_iters", 0))
-        away = None
-        if self.churn_rate:
+        away = late = None
+        if self.churn_rate or self.quorum:
             if updates is None:
-                raise ValueError("churn_rate needs the run's number of updates to draw its trace")
+                raise ValueError(f"{'churn_rate' if self.churn_rate else 'quorum'} needs the "
+                                 "run's number of updates to draw its trace")
             n = max(0, -(-(updates - warmup) // self.local_steps))  # rounds of the local phase
-            away = schedule.churn_trace(self.world_size, n, self.churn_rate,
-                                        self.churn_away_rounds, self.seed) or None
+            away = self._churn(n) or None
+            if self.quorum:
+                from localsgd.timing.quorum import late_pairs  # deferred: numpy
+
+                late = late_pairs(self.quorum_trace(steps_per_epoch, updates)) or None
         return schedule.SyncSchedule(
             self.topology(), warmup_steps=warmup,
             local_step_warmup_epochs=self.local_step_warmup_epochs,
@@ -486,7 +542,8 @@ class TrainConfig:
             gossip=self.gossip,
             streaming=(schedule.Streaming(self.fragments, self.overlap_steps,
                                           self.fragment_mixing) if self.fragments else None),
-            worker_steps=self.worker_local_steps, rounds=rounds, away=away)
+            worker_steps=self.worker_local_steps, rounds=rounds, away=away,
+            rejoin=self.churn_rejoin if away else "average", late=late)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

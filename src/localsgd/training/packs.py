@@ -54,7 +54,8 @@ PER_RUN = frozenset({
     "nesterov", "weight_decay", "average_buffers", "broadcast_buffers", "average_momentum",
     "average_compression", "fragments", "overlap_steps", "fragment_mixing", "worker_local_steps",
     "compression_feedback", "compression_density", "qsr_alpha", "churn_rate",
-    "churn_away_rounds", "optimizer", "adam_betas", "slowmo_frequency", "slowmo_momentum",
+    "churn_away_rounds", "churn_rejoin", "quorum", "quorum_grace_steps", "quorum_stall_rate",
+    "quorum_stall_steps", "optimizer", "adam_betas", "slowmo_frequency", "slowmo_momentum",
     "slowmo_lr", "gossip", "peers_per_step",
     # how a run is computed, not what: the pack decides (batched, packed on CUDA)
     "batched", "packed", "host_threads", "loader_workers", "check_consistency"})
