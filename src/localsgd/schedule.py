@@ -342,16 +342,7 @@ class SyncSchedule:
                 raise ValueError(f"away: worker {w}'s rounds {first} .. {last}: need 1 <= first "
                                  "<= last (rounds of the local phase count from 1)")
         object.__setattr__(self, "away", away)
-        clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
-                 "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
-                 "worker_steps": self.worker_steps, "rounds": self.rounds,
-                 "an int outer_period": isinstance(self.outer_period, int)
-                 and not isinstance(self.outer_period, bool),
-                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
-                 "post_local_gradient_allreduce": self.grad_level is not None}
-        bad = [name for name, v in clash.items() if v]
-        if bad:
-            raise ValueError(f"away (churn) runs rounds of flat local SGD: not with {bad[0]}")
+        self._refuse_unless_flat_rounds("away (churn)")
         rounds = {r for _, first, last in away for r in range(first, last + 1)}
         for r in sorted(rounds):
             if len({w for w, first, last in away if first <= r <= last}) == k:
@@ -374,17 +365,7 @@ class SyncSchedule:
                 raise ValueError(f"late: worker {w}'s round {r}: rounds of the local phase "
                                  "count from 1")
         object.__setattr__(self, "late", late)
-        clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
-                 "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
-                 "worker_steps": self.worker_steps, "rounds": self.rounds,
-                 "an int outer_period": isinstance(self.outer_period, int)
-                 and not isinstance(self.outer_period, bool),
-                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
-                 "post_local_gradient_allreduce": self.grad_level is not None}
-        bad = [name for name, v in clash.items() if v]
-        if bad:
-            raise ValueError(f"late (a quorum's merge) runs rounds of flat local SGD: not with "
-                             f"{bad[0]}")
+        self._refuse_unless_flat_rounds("late (a quorum's merge)")
         for w, r in late:
             if w in self._away_in_round(r):
                 raise ValueError(f"late: worker {w} is away in round {r}; only a worker present "
@@ -396,6 +377,20 @@ class SyncSchedule:
             gone = self._away_in_round(r) | {w for w, q in late if q == r}
             if len(gone) == k:
                 raise ValueError(f"late: no worker is on time in round {r}; a merge needs one")
+
+    def _refuse_unless_flat_rounds(self, what: str) -> None:
+        """One line naming the first setting churn's or a quorum's rounds of flat local SGD
+        cannot run with."""
+        clash = {"a hierarchy": self.topology.num_levels > 1, "gossip": self.gossip,
+                 "torch_compat": bool(self.torch_compat), "streaming": self.streaming,
+                 "worker_steps": self.worker_steps, "rounds": self.rounds,
+                 "an int outer_period": isinstance(self.outer_period, int)
+                 and not isinstance(self.outer_period, bool),
+                 "local_step_warmup_epochs": self.local_step_warmup_epochs,
+                 "post_local_gradient_allreduce": self.grad_level is not None}
+        bad = [name for name, v in clash.items() if v]
+        if bad:
+            raise ValueError(f"{what} runs rounds of flat local SGD: not with {bad[0]}")
 
     def _round(self, t: int) -> int:
         """The 1-based round of the local phase that local update ``t`` belongs to (0: warm-up)."""
